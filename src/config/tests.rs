@@ -1,0 +1,116 @@
+use super::*;
+
+fn load(text: &str, env: &[(&str, &str)], flags: &Overrides) -> Result<Config, ConfigError> {
+    let dir = std::env::temp_dir().join(format!("idemgate-config-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idemgate.toml");
+    std::fs::write(&path, text).unwrap();
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    let result = Config::load(Some(&path), env, flags);
+    std::fs::remove_dir_all(&dir).unwrap();
+    result
+}
+
+/// The sample from DESIGN.md must keep loading: users' files rely on these names.
+const DESIGN_SAMPLE: &str = r#"
+listen = "127.0.0.1:8080"
+admin_listen = "127.0.0.1:9090"
+store = "redis://127.0.0.1:6379/0"
+
+[gateway]
+key_ttl = "24h"
+lease = "30s"
+upstream_timeout = "20s"
+max_request_body = "1MiB"
+max_stored_response = "1MiB"
+fail_mode = "closed"
+concurrent = "reject"
+tenant = { from = "authorization" }
+forward_key = "original"
+
+[[routes]]
+name = "payments"
+prefix = "/v1/"
+upstream = "http://127.0.0.1:9000"
+methods = ["POST", "PATCH"]
+require_key = true
+
+[relay]
+database_url = "postgres://postgres@127.0.0.1:5432/app"
+
+[destinations.email]
+url = "http://127.0.0.1:9100/send"
+method = "POST"
+timeout = "5s"
+max_attempts = 12
+"#;
+
+#[test]
+fn the_design_sample_loads() {
+    let config = load(DESIGN_SAMPLE, &[], &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].name, "payments");
+    assert!(config.routes[0].require_key);
+    assert_eq!(config.gateway.lease.0, Duration::from_secs(30));
+    assert_eq!(config.destinations["email"].max_attempts, 12);
+}
+
+#[test]
+fn environment_overrides_the_file_and_flags_override_both() {
+    let env = [
+        ("IDEMGATE__GATEWAY__LEASE", "45s"),
+        ("IDEMGATE__GATEWAY__FAIL_MODE", "open"),
+        ("IDEMGATE__LISTEN", "127.0.0.1:1"),
+        ("OTHER", "x"),
+    ];
+    let flags = Overrides { listen: Some("127.0.0.1:2".parse().unwrap()), ..Default::default() };
+    let config = load(DESIGN_SAMPLE, &env, &flags).unwrap();
+    assert_eq!(config.gateway.lease.0, Duration::from_secs(45));
+    assert_eq!(config.gateway.fail_mode, FailMode::Open);
+    assert_eq!(config.listen, "127.0.0.1:2".parse().unwrap());
+}
+
+#[test]
+fn upstream_flag_alone_makes_one_route() {
+    let flags = Overrides { upstream: Some("http://127.0.0.1:9000".into()), ..Default::default() };
+    let config = Config::load(None, Vec::new(), &flags).unwrap();
+    assert_eq!(config.routes.len(), 1);
+    assert_eq!(config.routes[0].prefix, "/");
+    assert_eq!(config.store.scheme(), "memory");
+}
+
+#[test]
+fn typos_and_bad_values_are_errors_that_name_the_field() {
+    let err = load("[gateway]\nleese = \"30s\"\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("leese"), "{err}");
+    let err = load("[gateway]\nlease = \"30\"\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("lease") && err.contains("ms, s, m, h, d"), "{err}");
+    let err = load("store = \"mongodb://x\"\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("scheme"), "{err}");
+    let err =
+        load("[[routes]]\nname = \"a\"\nupstream = \"ftp://x\"\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("http://"), "{err}");
+    let err = load("[gateway]\ntenant = { from = \"authorization\", fixed = \"x\" }\n", &[], &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exactly one"), "{err}");
+    let err = load("[gateway]\nrelease_statuses = [503]\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("below 500"), "{err}");
+}
+
+#[test]
+fn a_timeout_not_shorter_than_the_lease_is_a_warning() {
+    let config = load("[gateway]\nlease = \"5s\"\nupstream_timeout = \"10s\"\n", &[], &Overrides::default()).unwrap();
+    let warnings = config.validate().unwrap();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("upstream_timeout"));
+}
+
+#[test]
+fn secrets_never_print() {
+    let env = [("IDEMGATE__ADMIN__TOKEN", "s3cret-token")];
+    let config = load("store = \"redis://:hunter2@127.0.0.1:6379/0\"\n", &env, &Overrides::default()).unwrap();
+    let printed = format!("{config:?} {}", toml::to_string(&config).unwrap());
+    assert!(!printed.contains("s3cret-token") && !printed.contains("hunter2"), "{printed}");
+    assert_eq!(config.admin.token.as_ref().unwrap().expose(), "s3cret-token");
+    assert_eq!(config.store.redacted(), "redis://:[redacted]@127.0.0.1:6379/0");
+}

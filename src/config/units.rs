@@ -1,0 +1,144 @@
+//! Durations (`"30s"`) and sizes (`"1MiB"`) as written in config files.
+//!
+//! One parser serves both: a non-negative integer followed by a unit from a
+//! table. Fractions and compound forms (`"1h30m"`) are refused with a clear
+//! message rather than guessed at.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+const DURATION_UNITS: &[(&str, u64)] = &[("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)];
+const SIZE_UNITS: &[(&str, u64)] = &[
+    ("B", 1),
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("KB", 1_000),
+    ("MB", 1_000_000),
+    ("GB", 1_000_000_000),
+];
+
+fn parse_with_units(text: &str, units: &[(&str, u64)], what: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let unit = unit.trim();
+    let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
+    let Some((_, scale)) = units.iter().find(|(name, _)| *name == unit) else {
+        return Err(format!(
+            "invalid {what} {text:?}: expected a whole number followed by one of {}",
+            names.join(", ")
+        ));
+    };
+    let number: u64 =
+        number.parse().map_err(|_| format!("invalid {what} {text:?}: expected a whole number before the unit"))?;
+    number.checked_mul(*scale).ok_or_else(|| format!("invalid {what} {text:?}: too large"))
+}
+
+/// A duration written as `"<n><unit>"`, unit one of `ms s m h d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConfigDuration(pub Duration);
+
+impl std::str::FromStr for ConfigDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_with_units(s, DURATION_UNITS, "duration").map(|ms| Self(Duration::from_millis(ms)))
+    }
+}
+
+impl std::fmt::Display for ConfigDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        let (n, unit) = DURATION_UNITS
+            .iter()
+            .rev()
+            .map(|(u, scale)| (ms / u128::from(*scale), *u, u128::from(*scale)))
+            .find(|(_, _, scale)| ms % scale == 0 && ms > 0)
+            .map(|(n, u, _)| (n, u))
+            .unwrap_or((ms, "ms"));
+        write!(f, "{n}{unit}")
+    }
+}
+
+/// A byte size written as `"<n><unit>"`, unit one of `B KiB MiB GiB KB MB GB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_with_units(s, SIZE_UNITS, "size").map(Self)
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (unit, scale) = SIZE_UNITS[..4]
+            .iter()
+            .rev()
+            .find(|(_, scale)| self.0 % scale == 0 && self.0 > 0)
+            .copied()
+            .unwrap_or(("B", 1));
+        write!(f, "{}{unit}", self.0 / scale)
+    }
+}
+
+impl ByteSize {
+    /// The size as `usize`, saturating on 32-bit targets.
+    pub fn bytes(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+macro_rules! serde_via_str {
+    ($ty:ty) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+serde_via_str!(ConfigDuration);
+serde_via_str!(ByteSize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_print_back() {
+        assert_eq!("30s".parse::<ConfigDuration>().unwrap().0, Duration::from_secs(30));
+        assert_eq!("250ms".parse::<ConfigDuration>().unwrap().0, Duration::from_millis(250));
+        assert_eq!("24h".parse::<ConfigDuration>().unwrap().to_string(), "1d");
+        assert_eq!("90s".parse::<ConfigDuration>().unwrap().to_string(), "90s");
+        assert_eq!(ConfigDuration(Duration::ZERO).to_string(), "0ms");
+    }
+
+    #[test]
+    fn sizes_parse_and_print_back() {
+        assert_eq!("1MiB".parse::<ByteSize>().unwrap().0, 1 << 20);
+        assert_eq!("10KB".parse::<ByteSize>().unwrap().0, 10_000);
+        assert_eq!("512 B".parse::<ByteSize>().unwrap().0, 512);
+        assert_eq!(ByteSize(1 << 20).to_string(), "1MiB");
+        assert_eq!(ByteSize(1500).to_string(), "1500B");
+    }
+
+    #[test]
+    fn bad_values_say_what_was_expected() {
+        let err = "1.5s".parse::<ConfigDuration>().unwrap_err();
+        assert!(err.contains("whole number"), "{err}");
+        assert!("30".parse::<ConfigDuration>().unwrap_err().contains("ms, s, m, h, d"));
+        assert!("1mib".parse::<ByteSize>().is_err());
+        assert!("s".parse::<ConfigDuration>().is_err());
+        assert!("99999999999999999999d".parse::<ConfigDuration>().is_err());
+        assert!("18446744073709551615GiB".parse::<ByteSize>().unwrap_err().contains("too large"));
+    }
+}

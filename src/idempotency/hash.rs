@@ -1,0 +1,70 @@
+//! The one encoding used for every hash of several fields.
+//!
+//! Each field is written as its length (8 bytes, big endian) followed by its
+//! bytes, so no two different field lists can produce the same input:
+//! `("ab", "c")` and `("a", "bc")` hash differently. The key scope, the
+//! fingerprint and the outbox's derived key all go through [`hash_fields`].
+
+use sha2::{Digest, Sha256};
+
+/// A SHA-256 hasher that takes length-prefixed fields.
+#[derive(Clone, Default)]
+pub struct FieldHasher(Sha256);
+
+impl FieldHasher {
+    /// Starts an empty hash.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one length-prefixed field.
+    pub fn field(&mut self, bytes: &[u8]) -> &mut Self {
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
+        self
+    }
+
+    /// Returns the 32-byte digest.
+    pub fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
+}
+
+/// Hashes a fixed list of fields.
+pub fn hash_fields(fields: &[&[u8]]) -> [u8; 32] {
+    let mut hasher = FieldHasher::new();
+    for field in fields {
+        hasher.field(field);
+    }
+    hasher.finish()
+}
+
+/// Lower-case hex of a digest.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 0x0f)] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_boundaries_change_the_hash() {
+        assert_ne!(hash_fields(&[b"ab", b"c"]), hash_fields(&[b"a", b"bc"]));
+        assert_ne!(hash_fields(&[b"", b"a"]), hash_fields(&[b"a", b""]));
+        assert_ne!(hash_fields(&[b"a"]), hash_fields(&[b"a", b""]));
+    }
+
+    #[test]
+    fn hex_is_lower_case_and_complete() {
+        assert_eq!(to_hex(&[0x00, 0xab, 0xff]), "00abff");
+        // sha256("") is a well-known constant; one unprefixed field is not it.
+        assert_eq!(to_hex(&hash_fields(&[])).len(), 64);
+    }
+}

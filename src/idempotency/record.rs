@@ -1,0 +1,72 @@
+//! The record a store keeps per scoped key, and the response it replays.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::fingerprint::Fingerprint;
+
+/// Identifies one attempt at a key. Completing or releasing a record only
+/// succeeds with the fence of the attempt that holds it, so a gateway whose
+/// lease was taken over cannot overwrite the newer attempt's record.
+///
+/// Fences are random 64-bit values drawn per attempt, not counters: a
+/// record can expire and be created again, and a counter kept in the record
+/// would then start over and let a stale attempt's fence match again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence(pub u64);
+
+impl Fence {
+    /// Draws a fresh fence (never zero, so zero can mean "none" in encodings).
+    pub fn random() -> Self {
+        Self(rand::random::<u64>().max(1))
+    }
+}
+
+/// A stored record as a store reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// An attempt is running (or its gateway died and the lease runs out).
+    InFlight {
+        /// Fingerprint of the request that started it.
+        fingerprint: Fingerprint,
+        /// Fence of the running attempt.
+        fence: Fence,
+        /// Time left on the lease by the store's clock; zero when expired.
+        lease_remaining: Duration,
+    },
+    /// The upstream acted; this is what it answered.
+    Completed {
+        /// Fingerprint of the request that completed it.
+        fingerprint: Fingerprint,
+        /// The response, or `None` when it was larger than the stored-response cap.
+        response: Option<StoredResponse>,
+    },
+}
+
+impl Record {
+    /// The fingerprint of the request that created the record.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Self::InFlight { fingerprint, .. } | Self::Completed { fingerprint, .. } => fingerprint,
+        }
+    }
+}
+
+/// A response kept for replay: status, filtered headers and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in order, minus hop-by-hop and deny-listed ones.
+    pub headers: Vec<(String, Bytes)>,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Approximate bytes held, for memory accounting.
+    pub fn size(&self) -> usize {
+        self.body.len() + self.headers.iter().map(|(n, v)| n.len() + v.len() + 16).sum::<usize>() + 32
+    }
+}

@@ -1,0 +1,20 @@
+//! idemgate makes retries safe.
+//!
+//! A map of the crate:
+//!
+//! - [`idempotency`] — the pure core: key parsing, tenant scoping, the
+//!   request fingerprint, the record and the decision table. No I/O.
+//! - [`store`] — the [`store::Store`] trait and its backends (embedded
+//!   memory, Redis, Redis Cluster), all held to one conformance suite.
+//! - [`gateway`] — the reverse proxy: routing, the idempotency guard as a
+//!   tower service, forwarding to upstreams, RFC 9457 problem responses, and
+//!   the listener.
+//! - [`config`] — typed configuration from file, environment and flags.
+//! - [`demo`] — a toy payments API for `idemgate demo`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod config;
+pub mod idempotency;
+pub mod store;

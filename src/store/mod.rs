@@ -1,0 +1,187 @@
+//! Where records live: one [`Store`] trait, several backends.
+//!
+//! Every backend implements the same small contract, and every backend runs
+//! the same conformance suite (`tests/store_conformance.rs`):
+//!
+//! - [`Store::try_begin`] is **one atomic operation**: it creates an
+//!   in-flight record when there is none (or takes over one whose lease has
+//!   run out, with the same fingerprint) and otherwise reports the record
+//!   as it stands. Two concurrent calls for one key never both acquire.
+//! - [`Store::renew`], [`Store::complete`] and [`Store::release`] are
+//!   **fenced**: they change the record only while it is in flight under
+//!   the caller's [`Fence`], and report whether they did.
+//! - An in-flight record expires when its lease ends; a completed one
+//!   `ttl` after completion. An expired record is the same as no record.
+//! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
+//!   gateways with skewed clocks still agree on leases.
+//!
+//! Backends: [`memory::MemoryStore`] (embedded, one process) and
+//! [`redis::RedisStore`] (Redis and Redis Cluster). [`AnyStore`] picks one
+//! from a URL.
+
+pub mod codec;
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+
+/// The result of [`Store::try_begin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// The caller now holds the key under its fence and must forward.
+    Acquired {
+        /// `true` when an expired in-flight record was taken over.
+        took_over: bool,
+    },
+    /// The key is held or completed; the caller applies the decision table.
+    Existing(Record),
+}
+
+/// Why a store operation failed. Every variant means "the outcome is
+/// unknown or refused"; callers treat all of them as the store being down.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or answered with an error.
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The operation did not finish within the store timeout.
+    #[error("store operation timed out")]
+    Timeout,
+    /// The embedded store holds as many live records as it is allowed to.
+    #[error("store is full: {0}")]
+    Full(&'static str),
+    /// A record could not be decoded (written by an incompatible version?).
+    #[error("stored record is corrupt: {0}")]
+    Corrupt(String),
+    /// The store URL is not usable.
+    #[error("invalid store URL: {0}")]
+    InvalidUrl(String),
+}
+
+/// A place to keep records. See the module docs for the contract.
+pub trait Store: Send + Sync + 'static {
+    /// Atomically acquires the key or reports its record.
+    fn try_begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
+
+    /// Extends the lease of the caller's in-flight attempt.
+    fn renew(
+        &self,
+        key: &ScopedKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Marks the caller's attempt completed. `None` records that the upstream
+    /// acted but the response was too large to keep.
+    fn complete(
+        &self,
+        key: &ScopedKey,
+        fence: Fence,
+        response: Option<&StoredResponse>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes the caller's in-flight record so a retry runs again.
+    fn release(&self, key: &ScopedKey, fence: Fence) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Reads a record without changing it (admin API).
+    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Deletes a record whatever its state (admin API); `true` if one existed.
+    fn purge(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Checks that the store answers (readiness).
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The backend chosen by the store URL's scheme.
+pub enum AnyStore {
+    /// `memory://`
+    Memory(memory::MemoryStore),
+    /// `redis://`, `rediss://`, `redis+cluster://`
+    Redis(redis::RedisStore),
+}
+
+impl AnyStore {
+    /// Opens the store a URL names (connects, for networked stores).
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
+        match scheme.as_str() {
+            "memory" => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
+            "redis" | "rediss" | "redis+cluster" => Ok(Self::Redis(redis::RedisStore::open(url).await?)),
+            other => Err(StoreError::InvalidUrl(format!("unsupported scheme {other:?}"))),
+        }
+    }
+
+    /// A short name of the backend, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            Self::Redis(_) => "redis",
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => $call.await,
+            AnyStore::Redis($store) => $call.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn try_begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
+        delegate!(self, s => s.try_begin(key, fingerprint, fence, lease))
+    }
+    async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
+        delegate!(self, s => s.renew(key, fence, lease))
+    }
+    async fn complete(
+        &self,
+        key: &ScopedKey,
+        fence: Fence,
+        response: Option<&StoredResponse>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        delegate!(self, s => s.complete(key, fence, response, ttl))
+    }
+    async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
+        delegate!(self, s => s.release(key, fence))
+    }
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        delegate!(self, s => s.get(key))
+    }
+    async fn purge(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        delegate!(self, s => s.purge(key))
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        delegate!(self, s => s.ping())
+    }
+}
+
+/// Reads `name=value` pairs from a URL's query (store options).
+pub(crate) fn url_options(url: &str) -> impl Iterator<Item = (&str, &str)> {
+    url.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+}
