@@ -1,0 +1,7 @@
+//! Shared test support: real servers on free loopback ports.
+//!
+//! Each integration test binary includes this module and uses a part of it.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod redis_server;
+pub mod upstream;

@@ -1,0 +1,1 @@
+//! Redis server processes for tests (written next).

@@ -1,0 +1,1 @@
+//! A counting upstream HTTP server for tests (written next).
