@@ -15,6 +15,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod app;
 pub mod config;
+pub mod demo;
+pub mod gateway;
 pub mod idempotency;
 pub mod store;

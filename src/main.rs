@@ -1,1 +1,119 @@
-fn main() {}
+//! The `idemgate` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use idemgate::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(name = "idemgate", version, about = "Makes retries safe: an idempotency gateway and an outbox relay.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Validate a config and print the effective config (secrets redacted).
+    CheckConfig(ServeArgs),
+    /// Run the gateway with the embedded store in front of a toy payments API.
+    Demo {
+        /// Where the gateway listens.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
+    /// Run the outbox relay (not available yet).
+    Relay {
+        /// The service's Postgres database.
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+    /// Create or upgrade the Postgres schema (not available yet).
+    Migrate {
+        /// The service's Postgres database.
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Gateway listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The upstream URL (one route for every path).
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Store URL: memory:// (default), redis://host:port/db, redis+cluster://h1:p1,h2:p2.
+    #[arg(long)]
+    store: Option<String>,
+    /// Admin listen address [default: 127.0.0.1:9090].
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+}
+
+impl ServeArgs {
+    fn load(&self) -> Result<Config, String> {
+        let flags = Overrides {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            store: self.store.clone(),
+            upstream: self.upstream.clone(),
+            database_url: None,
+        };
+        Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("idemgate: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    match command {
+        Command::Serve(args) => {
+            let config = args.load()?;
+            idemgate::app::init_logging(&config);
+            for warning in config.validate().map_err(|e| e.to_string())? {
+                tracing::warn!("{warning}");
+            }
+            runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
+        }
+        Command::CheckConfig(args) => {
+            let config = args.load()?;
+            for warning in config.validate().map_err(|e| e.to_string())? {
+                eprintln!("warning: {warning}");
+            }
+            let printed = toml::to_string(&config).map_err(|e| e.to_string())?;
+            println!("{printed}");
+            Ok(())
+        }
+        Command::Demo { listen } => runtime.block_on(async {
+            let toy = idemgate::demo::start_toy_payments().await.map_err(|e| e.to_string())?;
+            let flags =
+                Overrides { listen: Some(listen), upstream: Some(format!("http://{toy}")), ..Default::default() };
+            let config = Config::load(None, Vec::new(), &flags).map_err(|e| e.to_string())?;
+            idemgate::app::init_logging(&config);
+            println!("{}", idemgate::demo::instructions(listen));
+            idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await
+        }),
+        Command::Relay { .. } | Command::Migrate { .. } => {
+            Err("the outbox relay and migrations are not available in this version yet".into())
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Wiring: config in, running gateway out. Shared by the binary and tests.
+
+use std::sync::Arc;
+
+use crate::config::{Config, LogFormat};
+use crate::gateway::Gateway;
+use crate::gateway::server::{self, ServerLimits};
+use crate::store::AnyStore;
+
+/// Opens the store, binds the listener and serves until `shutdown` resolves.
+pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    if config.routes.is_empty() {
+        return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
+    }
+    let store = AnyStore::open(config.store.expose())
+        .await
+        .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;
+    let kind = store.kind();
+    let gateway = Arc::new(Gateway::new(config, store)?);
+    let listener = server::bind(config.listen).await?;
+    tracing::info!(listen = %config.listen, store = kind, routes = config.routes.len(), "idemgate gateway listening");
+    server::serve(listener, gateway, limits(config), shutdown).await;
+    Ok(())
+}
+
+/// The listener limits a config sets.
+pub fn limits(config: &Config) -> ServerLimits {
+    ServerLimits {
+        max_connections: config.gateway.max_connections,
+        header_read_timeout: config.gateway.header_read_timeout.0,
+        shutdown_grace: config.gateway.shutdown_grace.0,
+    }
+}
+
+/// Installs the log subscriber: `RUST_LOG` wins over `log.level`.
+pub fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}

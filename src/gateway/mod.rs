@@ -1,0 +1,267 @@
+//! The gateway: an idempotent reverse proxy.
+//!
+//! A request is routed by path prefix ([`routes`]). Methods the route does
+//! not guard, and guarded requests without a key on routes that do not
+//! require one, pass straight through and never touch the store. A guarded
+//! request with a key goes through [`guard`]: body read under a limit,
+//! fingerprint, one atomic `try_begin`, then the decision table — forward
+//! (with lease renewal, and a fenced complete or release afterwards),
+//! replay, `409`, `422`. The upstream call runs in its own task, so a client
+//! that disconnects cannot leave a record in flight: the attempt finishes
+//! and settles its record either way.
+//!
+//! [`server`] owns the listener and graceful shutdown; [`problem`] renders
+//! every error the gateway itself produces.
+
+pub mod body;
+mod guard;
+pub mod headers;
+pub mod problem;
+pub mod routes;
+pub mod server;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::header::HeaderName;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
+use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, TenantSource};
+use crate::store::{Store, StoreError};
+use body::{ResponseBody, boxed};
+use problem::Problem;
+use routes::{Route, RouteTable};
+use upstream::Upstream;
+
+/// What happened to a request; logged once per request (and counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Not guarded: forwarded as is.
+    Passthrough,
+    /// Guarded, first attempt: forwarded and its response stored.
+    Forwarded,
+    /// Guarded, forwarded, but the outcome released the key (5xx, 4xx on the release list).
+    Released,
+    /// A stored response was replayed.
+    Replayed,
+    /// Another attempt holds the key (`409`).
+    Conflict,
+    /// The key was used for another request (`422`).
+    Mismatch,
+    /// A required key is missing (`400`).
+    MissingKey,
+    /// The key is malformed (`400`).
+    InvalidKey,
+    /// The store failed and `fail_mode = "closed"` (`503`).
+    StoreError,
+    /// The store failed and the request was forwarded unguarded.
+    FailOpen,
+    /// The upstream failed; the key was released (`502`/`504`).
+    UpstreamError,
+    /// Completed before, but too large to replay (`410`).
+    NotReplayable,
+    /// The request body was over the limit or unreadable.
+    BadBody,
+    /// No route matched (`404`).
+    NoRoute,
+}
+
+impl Outcome {
+    /// A stable lower-case name for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Passthrough => "passthrough",
+            Self::Forwarded => "forwarded",
+            Self::Released => "released",
+            Self::Replayed => "replayed",
+            Self::Conflict => "conflict",
+            Self::Mismatch => "mismatch",
+            Self::MissingKey => "missing-key",
+            Self::InvalidKey => "invalid-key",
+            Self::StoreError => "store-error",
+            Self::FailOpen => "fail-open",
+            Self::UpstreamError => "upstream-error",
+            Self::NotReplayable => "not-replayable",
+            Self::BadBody => "bad-body",
+            Self::NoRoute => "no-route",
+        }
+    }
+}
+
+/// Settings the request path reads, resolved once from [`Config`].
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Retention of completed records.
+    pub key_ttl: Duration,
+    /// Lease of an in-flight attempt.
+    pub lease: Duration,
+    /// Limit on one upstream call.
+    pub upstream_timeout: Duration,
+    /// Largest accepted request body.
+    pub max_request_body: u64,
+    /// Largest response kept for replay.
+    pub max_stored_response: usize,
+    /// Store-down behaviour.
+    pub fail_mode: FailMode,
+    /// Duplicate-in-flight behaviour.
+    pub concurrent: ConcurrentMode,
+    /// Longest wait with `concurrent = "wait"`.
+    pub wait_timeout: Duration,
+    /// Key forwarded upstream.
+    pub forward_key: ForwardKey,
+    /// Limit on one store operation.
+    pub store_timeout: Duration,
+    /// Response headers never stored.
+    pub response_header_deny: Vec<HeaderName>,
+}
+
+/// The gateway's shared state; one per process, behind an `Arc`.
+pub struct Gateway<S> {
+    store: S,
+    routes: RouteTable,
+    upstream: Upstream,
+    policy: Policy,
+    tenant: TenantSource,
+    fingerprint: FingerprintPolicy,
+    tasks: TaskTracker,
+}
+
+impl<S: Store> Gateway<S> {
+    /// Builds the gateway from a validated config.
+    pub fn new(config: &Config, store: S) -> Result<Self, String> {
+        let g = &config.gateway;
+        let header = |name: &String| HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"));
+        let routes = RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() })?;
+        if let Some(route) = routes.iter().find(|r| r.scheme != http::uri::Scheme::HTTP) {
+            return Err(format!(
+                "route {:?}: https:// upstreams are not supported by this build yet; use http://",
+                route.name
+            ));
+        }
+        let tenant = match (&g.tenant.from, &g.tenant.header, &g.tenant.fixed) {
+            (_, Some(name), _) => TenantSource::Header(header(name)?),
+            (_, _, Some(fixed)) => TenantSource::Fixed(fixed.clone()),
+            _ => TenantSource::Authorization,
+        };
+        Ok(Self {
+            store,
+            routes,
+            upstream: Upstream::new(),
+            policy: Policy {
+                key_ttl: g.key_ttl.0,
+                lease: g.lease.0,
+                upstream_timeout: g.upstream_timeout.0,
+                max_request_body: g.max_request_body.0,
+                max_stored_response: g.max_stored_response.bytes(),
+                fail_mode: g.fail_mode,
+                concurrent: g.concurrent,
+                wait_timeout: g.wait_timeout.0,
+                forward_key: g.forward_key,
+                store_timeout: g.store_timeout.0,
+                response_header_deny: g.response_header_deny.iter().map(header).collect::<Result<_, _>>()?,
+            },
+            tenant,
+            fingerprint: FingerprintPolicy {
+                headers: g.fingerprint_headers.iter().map(header).collect::<Result<_, _>>()?,
+                canonical_json: g.canonical_json,
+            },
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// The store (admin API, readiness).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Upstream attempts still running (they settle their records before ending).
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Handles one client request.
+    pub async fn handle(self: &Arc<Self>, request: Request<Incoming>, client: SocketAddr) -> Response<ResponseBody> {
+        let started = Instant::now();
+        let Some(route) = self.routes.find(request.uri().path()) else {
+            return self.log(None, Outcome::NoRoute, None, started, Problem::NoRoute.to_response());
+        };
+        let (outcome, scoped, response) = self.dispatch(route, request, client).await;
+        self.log(Some(route), outcome, scoped, started, response)
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        route: &Route,
+        request: Request<Incoming>,
+        client: SocketAddr,
+    ) -> (Outcome, Option<String>, Response<ResponseBody>) {
+        if !route.guards(request.method()) {
+            return (Outcome::Passthrough, None, self.passthrough(route, request, client).await);
+        }
+        match IdempotencyKey::from_headers(request.headers()) {
+            Ok(Some(key)) => guard::run(self, route, request, key, client).await,
+            Ok(None) if route.require_key => (Outcome::MissingKey, None, Problem::MissingKey.to_response()),
+            Ok(None) => (Outcome::Passthrough, None, self.passthrough(route, request, client).await),
+            Err(e) => (Outcome::InvalidKey, None, Problem::InvalidKey(e).to_response()),
+        }
+    }
+
+    /// Forwards without touching the store, streaming both bodies.
+    async fn passthrough(
+        &self,
+        route: &Route,
+        request: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Response<ResponseBody> {
+        let (parts, body) = request.into_parts();
+        let request = match upstream::rewrite(route, parts, boxed(body), client, None) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
+                return Problem::NoRoute.to_response();
+            }
+        };
+        match self.upstream.send(request, self.policy.upstream_timeout).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, boxed(body))
+            }
+            Err(e) => {
+                tracing::warn!(route = %route.name, error = %e, "upstream failed");
+                Problem::UpstreamUnavailable { timed_out: matches!(e, upstream::UpstreamError::TimedOut(_)) }
+                    .to_response()
+            }
+        }
+    }
+
+    /// Runs a store operation under the store timeout.
+    async fn bounded<T>(&self, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout))
+    }
+
+    fn log(
+        &self,
+        route: Option<&Route>,
+        outcome: Outcome,
+        scoped: Option<String>,
+        started: Instant,
+        response: Response<ResponseBody>,
+    ) -> Response<ResponseBody> {
+        // Only the scoped hash of a key is ever logged, never the key itself.
+        tracing::info!(
+            route = route.map_or("-", |r| r.name.as_str()),
+            outcome = outcome.as_str(),
+            status = response.status().as_u16(),
+            key = scoped.as_deref().unwrap_or("-"),
+            latency_us = started.elapsed().as_micros() as u64,
+            "request"
+        );
+        response
+    }
+}

@@ -1,0 +1,94 @@
+//! The listener: accepts connections, serves HTTP/1.1 and h2c, shuts down
+//! gracefully.
+//!
+//! Bounded on every axis: at most `max_connections` open connections (the
+//! accept loop waits for a free slot, so excess clients queue in the
+//! kernel's backlog instead of costing memory), a header read timeout
+//! against slow clients, and a shutdown grace period. On shutdown the
+//! listener closes, open connections finish their current requests, and
+//! upstream attempts already running are awaited so their records are
+//! completed or released rather than left in flight.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use super::Gateway;
+use crate::store::Store;
+
+/// Limits of the listener.
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time allowed for a client to send its request headers.
+    pub header_read_timeout: Duration,
+    /// Time allowed for in-flight work after shutdown starts.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    gateway: Arc<Gateway<S>>,
+    limits: ServerLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(256);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { break };
+        let (stream, client) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let gateway = gateway.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let gateway = gateway.clone();
+            async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, client).await) }
+        });
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(client = %client, error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: draining connections and upstream attempts");
+    let grace = limits.shutdown_grace;
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(?grace, "connections still open after the grace period; closing them");
+    }
+    gateway.tasks().close();
+    if tokio::time::timeout(grace, gateway.tasks().wait()).await.is_err() {
+        tracing::warn!("upstream attempts still running after the grace period; their leases will expire");
+    }
+}
+
+/// Binds a listener, with a clear error.
+pub async fn bind(address: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))
+}
