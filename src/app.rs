@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
+
 use crate::config::{Config, LogFormat};
 use crate::gateway::Gateway;
 use crate::gateway::server::{self, ServerLimits};
@@ -9,16 +11,32 @@ use crate::store::AnyStore;
 
 /// Opens the store, binds the listener and serves until `shutdown` resolves.
 pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let gateway = build(config).await?;
+    let listener = server::bind(config.listen).await?;
+    serve_on(listener, gateway, config, shutdown).await
+}
+
+/// Opens the store and builds the gateway (no listener yet).
+pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {
         return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
     }
     let store = AnyStore::open(config.store.expose())
         .await
         .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;
-    let kind = store.kind();
-    let gateway = Arc::new(Gateway::new(config, store)?);
-    let listener = server::bind(config.listen).await?;
-    tracing::info!(listen = %config.listen, store = kind, routes = config.routes.len(), "idemgate gateway listening");
+    tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
+    Ok(Arc::new(Gateway::new(config, store)?))
+}
+
+/// Serves a built gateway on a bound listener (tests bind port 0).
+pub async fn serve_on(
+    listener: TcpListener,
+    gateway: Arc<Gateway<AnyStore>>,
+    config: &Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %address, "idemgate gateway listening");
     server::serve(listener, gateway, limits(config), shutdown).await;
     Ok(())
 }

@@ -65,12 +65,14 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.rest.size_hint();
+        let rest = self.rest.size_hint();
         let extra = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
-        hint.set_lower(hint.lower() + extra);
-        if let Some(upper) = hint.upper() {
-            hint.set_upper(upper + extra);
+        // Upper first: `set_lower` asserts lower <= upper.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(extra));
         }
+        hint.set_lower(rest.lower().saturating_add(extra));
         hint
     }
 }

@@ -3,5 +3,6 @@
 //! Each integration test binary includes this module and uses a part of it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod gateway;
 pub mod redis_server;
 pub mod upstream;

@@ -1,1 +1,273 @@
-//! Redis server processes for tests (written next).
+//! Redis for tests: private `redis-server` processes, and the shared server.
+//!
+//! [`RedisProcess`] and [`RedisCluster`] start their own servers on free
+//! loopback ports, each in its own temporary directory, with persistence off;
+//! a test that stops, restarts or clusters Redis never touches the shared
+//! server on 6379. Tests that only need *a* Redis use [`shared_redis_url`]
+//! with a fresh [`unique_prefix`], so they can run side by side.
+//!
+//! Start-up waits are blocking and bounded: they poll the new server with a
+//! raw RESP command until it answers, at most [`START_TIMEOUT`].
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server (or a cluster) may take to answer after it is started.
+pub const START_TIMEOUT: Duration = Duration::from_secs(5);
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// A port can be taken between [`free_port`] and the server binding it.
+const START_ATTEMPTS: usize = 3;
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address of a bound listener").port()
+}
+
+/// The shared Redis for tests that only need keys of their own: `REDIS_URL`,
+/// default `redis://127.0.0.1:6379/0`.
+pub fn shared_redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_string())
+}
+
+/// A key prefix no other test uses, e.g. `test-3f2a…:`.
+pub fn unique_prefix() -> String {
+    format!("test-{:016x}:", rand::random::<u64>())
+}
+
+/// `url` with one more `name=value` store option in its query.
+pub fn with_option(url: &str, name: &str, value: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{name}={value}")
+}
+
+/// One private `redis-server`, killed when dropped.
+pub struct RedisProcess {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisProcess {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    pub fn start() -> Self {
+        let dir = TempDir::new("redis");
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            match spawn_server(port, &dir.0, &[]) {
+                Ok(child) => return Self { port, dir, child: Some(child) },
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Kills the server and waits for it to exit; clients see it go down.
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill(child);
+        }
+    }
+
+    /// Starts the server again on the same port (empty: persistence is off).
+    pub fn start_again(&mut self) {
+        self.stop();
+        let child = spawn_server(self.port, &self.dir.0, &[])
+            .unwrap_or_else(|e| panic!("redis-server did not restart on port {}: {e}", self.port));
+        self.child = Some(child);
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A three-master Redis Cluster of private processes, killed when dropped.
+pub struct RedisCluster {
+    ports: Vec<u16>,
+    children: Vec<Child>,
+    dir: TempDir,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them into one cluster with no replicas, and
+    /// waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        const NODES: usize = 3;
+        let dir = TempDir::new("redis-cluster");
+        let mut cluster = Self { ports: Vec::new(), children: Vec::new(), dir };
+        for _ in 0..NODES {
+            let (port, child) = cluster.start_node();
+            cluster.ports.push(port);
+            cluster.children.push(child);
+        }
+        let addresses: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let deadline = Instant::now() + START_TIMEOUT;
+        for &port in &cluster.ports {
+            loop {
+                let info = command(port, &["CLUSTER", "INFO"]).unwrap_or_default();
+                if info.lines().any(|line| line.trim() == "cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster node {port} not ok after {START_TIMEOUT:?}: {info}");
+                std::thread::sleep(POLL_INTERVAL);
+            }
+        }
+        cluster
+    }
+
+    fn start_node(&self) -> (u16, Child) {
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            // The bus port is named explicitly: the default (port + 10000)
+            // overflows for ports the kernel hands out above 55535.
+            let bus_port = free_port().to_string();
+            let config = self.dir.0.join(format!("nodes-{port}.conf"));
+            let config = config.to_str().expect("temp dir path is UTF-8");
+            let cluster_args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                config,
+                "--cluster-node-timeout",
+                "5000",
+                "--cluster-port",
+                &bus_port,
+            ];
+            match spawn_server(port, &self.dir.0, &cluster_args) {
+                Ok(child) => return (port, child),
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("cluster node did not start: {last_error}");
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in self.children.drain(..) {
+            kill(child);
+        }
+    }
+}
+
+/// Spawns `redis-server` on `port` and waits until it answers `PING`.
+/// Its output goes to `redis-<port>.log` in `dir`, quoted when it fails.
+fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> {
+    let log_path = dir.join(format!("redis-{port}.log"));
+    let log = File::create(&log_path).map_err(|e| format!("create {}: {e}", log_path.display()))?;
+    let log_err = log.try_clone().map_err(|e| e.to_string())?;
+    let mut child = Command::new("redis-server")
+        .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .spawn()
+        .map_err(|e| format!("spawn redis-server: {e}"))?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if command(port, &["PING"]).is_ok_and(|reply| reply == "PONG") {
+            return Ok(child);
+        }
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || Instant::now() >= deadline {
+            kill(child);
+            let log = fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(format!("port {port}: exited {exited:?}; log:\n{log}"));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+fn kill(mut child: Child) {
+    // SIGKILL by PID; the error only says it had already exited.
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Sends one command and reads a simple, error or bulk-string reply.
+fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let line = line.trim_end();
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    match line.split_at_checked(1) {
+        Some(("+", simple)) => Ok(simple.to_string()),
+        Some(("$", len)) => {
+            let len: usize = len.parse().map_err(|_| invalid(format!("bad bulk length {len:?}")))?;
+            let mut body = vec![0; len + 2];
+            reader.read_exact(&mut body)?;
+            body.truncate(len);
+            String::from_utf8(body).map_err(|_| invalid("bulk reply is not UTF-8".into()))
+        }
+        _ => Err(invalid(format!("unexpected reply {line:?}"))),
+    }
+}
+
+/// A directory under the system temp dir, removed with its contents on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(kind: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("idemgate-{kind}-{:016x}", rand::random::<u64>()));
+        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}

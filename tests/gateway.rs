@@ -1,0 +1,393 @@
+//! The gateway end to end: a real upstream on port 0 that counts its side
+//! effects, the gateway in front of it, and real stores.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate::config::{ConcurrentMode, ConfigDuration, FailMode, ForwardKey};
+use support::gateway::{TestGateway, config};
+use support::redis_server::{RedisProcess, shared_redis_url, unique_prefix};
+use support::upstream::Upstream;
+
+const CHARGE: &str = r#"{"amount": 500, "currency": "eur"}"#;
+
+fn redis_store() -> String {
+    format!("{}?prefix={}", shared_redis_url(), unique_prefix())
+}
+
+async fn a_retry_after_completion_replays_the_stored_response(store: &str) {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), store)).await;
+    let first = gateway.post("/charge").key("k-replay").json(CHARGE).send().await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    // A re-serialised body with other key order is the same request.
+    let retry = gateway.post("/charge").key("k-replay").json(r#"{"currency":"eur","amount":500}"#).send().await;
+    assert_eq!(retry.status, first.status);
+    assert_eq!(retry.body, first.body, "the replay is byte-identical");
+    assert_eq!(retry.headers["x-charge-id"], first.headers["x-charge-id"]);
+    assert_eq!(retry.headers["content-type"], "application/json");
+    assert!(retry.replayed());
+    assert!(retry.headers.get("set-cookie").is_none(), "deny-listed headers are not stored");
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn a_retry_after_completion_replays_the_stored_response_on_memory() {
+    a_retry_after_completion_replays_the_stored_response("memory://").await;
+}
+
+#[tokio::test]
+async fn a_retry_after_completion_replays_the_stored_response_on_redis() {
+    a_retry_after_completion_replays_the_stored_response(&redis_store()).await;
+}
+
+/// 64 identical requests at once: one upstream call; the others get 409 or the replay.
+pub async fn concurrent_duplicates_cause_exactly_one_upstream_call(store: &str) {
+    let upstream = Upstream::start().await;
+    let gateway = Arc::new(TestGateway::start(config(&upstream.url(), store)).await);
+    for round in 0..3 {
+        let key = format!("k-concurrent-{round}");
+        let calls: Vec<_> = (0..64)
+            .map(|_| {
+                let gateway = gateway.clone();
+                let key = key.clone();
+                tokio::spawn(async move { gateway.post("/slow?ms=50").key(&key).json(CHARGE).send().await })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for call in calls {
+            statuses.push(call.await.unwrap().status);
+        }
+        assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+        assert!(statuses.contains(&201));
+        assert_eq!(upstream.count_for(&key), 1, "round {round}: exactly one upstream call");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_cause_exactly_one_upstream_call_on_memory() {
+    concurrent_duplicates_cause_exactly_one_upstream_call("memory://").await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_cause_exactly_one_upstream_call_on_redis() {
+    concurrent_duplicates_cause_exactly_one_upstream_call(&redis_store()).await;
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_is_a_mismatch() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    assert_eq!(gateway.post("/charge").key("k1").json(CHARGE).send().await.status, 201);
+    let other = gateway.post("/charge").key("k1").json(r#"{"amount": 900}"#).send().await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.problem(), "key-mismatch");
+    assert!(!other.text().contains("900"), "the body is never echoed");
+    let other_path = gateway.post("/refund").key("k1").json(CHARGE).send().await;
+    assert_eq!(other_path.status, 422, "the same key on another endpoint is a mismatch");
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn the_same_key_from_another_tenant_is_independent_and_learns_nothing() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let alice = gateway.post("/charge").auth("alice").key("shared").json(CHARGE).send().await;
+    assert_eq!(alice.status, 201);
+    // Bob's identical request is executed for Bob, not replayed from Alice.
+    let bob = gateway.post("/charge").auth("bob").key("shared").json(CHARGE).send().await;
+    assert_eq!(bob.status, 201);
+    assert!(!bob.replayed());
+    assert_ne!(bob.body, alice.body);
+    // Bob's different body on Alice's key is not a mismatch for Bob either.
+    let bob_other = gateway.post("/charge").auth("bob").key("only-alice").json("{}").send().await;
+    let _ = gateway.post("/charge").auth("alice").key("only-alice").json(CHARGE).send().await;
+    assert_eq!(bob_other.status, 201);
+    assert_eq!(upstream.total(), 4);
+    // Each tenant still gets its own replay.
+    assert_eq!(gateway.post("/charge").auth("alice").key("shared").json(CHARGE).send().await.body, alice.body);
+    assert_eq!(gateway.post("/charge").auth("bob").key("shared").json(CHARGE).send().await.body, bob.body);
+}
+
+#[tokio::test]
+async fn an_upstream_500_or_reset_releases_the_key_and_a_retry_runs_again() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let failed = gateway.post("/status?code=500").key("k500").json(CHARGE).send().await;
+    assert_eq!(failed.status, 500);
+    let again = gateway.post("/status?code=500").key("k500").json(CHARGE).send().await;
+    assert_eq!(again.status, 500);
+    assert!(!again.replayed());
+    assert_eq!(upstream.count_for("k500"), 2);
+
+    let reset = gateway.post("/reset").key("k-reset").json(CHARGE).send().await;
+    assert_eq!(reset.status, 502);
+    assert_eq!(reset.problem(), "upstream-unavailable");
+    assert_eq!(gateway.post("/reset").key("k-reset").json(CHARGE).send().await.status, 502);
+    assert_eq!(upstream.count_for("k-reset"), 2);
+
+    // A 422 from the upstream (validation) releases too; a 402 (it acted) is stored.
+    assert_eq!(gateway.post("/status?code=422").key("k422").json(CHARGE).send().await.status, 422);
+    assert_eq!(gateway.post("/status?code=422").key("k422").json(CHARGE).send().await.status, 422);
+    assert_eq!(upstream.count_for("k422"), 2);
+    assert_eq!(gateway.post("/status?code=402").key("k402").json(CHARGE).send().await.status, 402);
+    assert!(gateway.post("/status?code=402").key("k402").json(CHARGE).send().await.replayed());
+    assert_eq!(upstream.count_for("k402"), 1);
+}
+
+async fn a_slow_upstream_longer_than_the_lease_is_not_executed_twice(store: &str) {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), store);
+    config.gateway.lease = ConfigDuration(Duration::from_millis(600));
+    config.gateway.upstream_timeout = ConfigDuration(Duration::from_secs(10));
+    let gateway = Arc::new(TestGateway::start(config).await);
+    let first = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move { gateway.post("/slow?ms=2000").key("k-slow").json(CHARGE).send().await })
+    };
+    // Retry every 300 ms through the whole call: three lease lengths.
+    let mut conflicts = 0;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let retry = gateway.post("/slow?ms=2000").key("k-slow").json(CHARGE).send().await;
+        if retry.status == 409 {
+            conflicts += 1;
+            assert!(retry.headers.contains_key("retry-after"));
+        }
+    }
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(conflicts, 5, "every retry while the call runs is refused");
+    assert_eq!(upstream.count_for("k-slow"), 1);
+    assert_eq!(gateway.post("/slow?ms=2000").key("k-slow").json(CHARGE).send().await.body, first.body);
+}
+
+#[tokio::test]
+async fn a_slow_upstream_longer_than_the_lease_is_not_executed_twice_on_memory() {
+    a_slow_upstream_longer_than_the_lease_is_not_executed_twice("memory://").await;
+}
+
+#[tokio::test]
+async fn a_slow_upstream_longer_than_the_lease_is_not_executed_twice_on_redis() {
+    a_slow_upstream_longer_than_the_lease_is_not_executed_twice(&redis_store()).await;
+}
+
+#[tokio::test]
+async fn redis_stopped_mid_test_fails_closed_and_recovers_when_it_returns() {
+    let mut redis = RedisProcess::start();
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), &format!("{}?timeout=500ms", redis.url()));
+    config.gateway.store_timeout = ConfigDuration(Duration::from_millis(700));
+    let gateway = TestGateway::start(config).await;
+    assert_eq!(gateway.post("/charge").key("before").json(CHARGE).send().await.status, 201);
+
+    redis.stop();
+    let refused = gateway.post("/charge").key("during").json(CHARGE).send().await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.problem(), "store-unavailable");
+    assert!(refused.headers.contains_key("retry-after"));
+    assert_eq!(upstream.count_for("during"), 0, "nothing is forwarded while the store is down");
+    // Unguarded requests never touch the store.
+    assert_eq!(gateway.get("/anything").send().await.status, 200);
+
+    redis.start_again();
+    let mut status = 0;
+    for _ in 0..50 {
+        status = gateway.post("/charge").key("during").json(CHARGE).send().await.status;
+        if status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 201, "the gateway recovers when Redis returns");
+    assert_eq!(upstream.count_for("during"), 1);
+}
+
+#[tokio::test]
+async fn fail_open_forwards_unguarded_when_the_store_is_down() {
+    let mut redis = RedisProcess::start();
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), &format!("{}?timeout=500ms", redis.url()));
+    config.gateway.fail_mode = FailMode::Open;
+    let gateway = TestGateway::start(config).await;
+    redis.stop();
+    assert_eq!(gateway.post("/charge").key("open").json(CHARGE).send().await.status, 201);
+    assert_eq!(upstream.count_for("open"), 1);
+}
+
+#[tokio::test]
+async fn malformed_keys_are_rejected_before_anything_is_forwarded() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let long = "k".repeat(256);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", b"".to_vec()),
+        ("empty string", b"\"\"".to_vec()),
+        ("256 characters", long.into_bytes()),
+        ("non-ASCII", "cl\u{e9}".as_bytes().to_vec()),
+        ("bad sf-string", b"\"unterminated".to_vec()),
+        ("bad escape", b"\"a\\nb\"".to_vec()),
+        ("list", b"\"a\", \"b\"".to_vec()),
+    ];
+    for (what, raw) in cases {
+        let reply = gateway.post("/charge").raw_header("idempotency-key", &raw).json(CHARGE).send().await;
+        assert_eq!(reply.status, 400, "{what}");
+        assert_eq!(reply.problem(), "invalid-key", "{what}");
+    }
+    let twice = gateway.post("/charge").key("a").key("a").json(CHARGE).send().await;
+    assert_eq!(twice.status, 400, "two header fields");
+    assert_eq!(upstream.total(), 0);
+}
+
+#[tokio::test]
+async fn a_required_key_that_is_missing_is_a_400_and_optional_keys_pass_through() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    let mut strict = config.routes[0].clone();
+    strict.name = "strict".into();
+    strict.prefix = "/charge".into();
+    strict.require_key = true;
+    config.routes.insert(0, strict);
+    let gateway = TestGateway::start(config).await;
+    let missing = gateway.post("/charge").json(CHARGE).send().await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(missing.problem(), "missing-key");
+    assert_eq!(upstream.total(), 0);
+    assert_eq!(gateway.post("/other").json(CHARGE).send().await.status, 200);
+    assert_eq!(gateway.post("/other").json(CHARGE).send().await.status, 200);
+    assert_eq!(upstream.total(), 2, "keyless requests on optional routes pass through every time");
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_413_before_any_record_is_created() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.max_request_body = idemgate::config::ByteSize(1024);
+    let gateway = TestGateway::start(config).await;
+    let big = gateway.post("/charge").key("k-big").body(vec![b'x'; 4096]).send().await;
+    assert_eq!(big.status, 413);
+    assert_eq!(big.problem(), "body-too-large");
+    assert_eq!(upstream.total(), 0);
+    // No record was made: the same key with a valid body runs normally.
+    assert_eq!(gateway.post("/charge").key("k-big").json(CHARGE).send().await.status, 201);
+}
+
+#[tokio::test]
+async fn a_response_over_the_stored_cap_is_streamed_once_and_never_executed_again() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.max_stored_response = idemgate::config::ByteSize(1024);
+    let gateway = TestGateway::start(config).await;
+    let first = gateway.post("/big?bytes=50000").key("k-huge").json(CHARGE).send().await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), 50000, "the client gets the whole response");
+    let retry = gateway.post("/big?bytes=50000").key("k-huge").json(CHARGE).send().await;
+    assert_eq!(retry.status, 410);
+    assert_eq!(retry.problem(), "response-not-replayable");
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn the_upstream_receives_the_derived_key_and_clean_headers() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.forward_key = ForwardKey::Derived;
+    let gateway = TestGateway::start(config).await;
+    let reply = gateway
+        .post("/charge")
+        .key("client-key")
+        .header("connection", "x-hop")
+        .header("x-hop", "secret")
+        .json(CHARGE)
+        .send()
+        .await;
+    assert_eq!(reply.status, 201);
+    let keys = upstream.keys();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].len(), 64, "a hex sha256, not the client's key");
+    assert!(keys[0].bytes().all(|b| b.is_ascii_hexdigit()));
+    let seen = upstream.last_headers();
+    assert!(seen.get("x-hop").is_none(), "headers named by Connection are hop-by-hop");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["host"], upstream.addr.to_string());
+}
+
+#[tokio::test]
+async fn with_wait_mode_duplicates_get_the_first_response_instead_of_409() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.concurrent = ConcurrentMode::Wait;
+    let gateway = Arc::new(TestGateway::start(config).await);
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let gateway = gateway.clone();
+            tokio::spawn(async move { gateway.post("/slow?ms=300").key("k-wait").json(CHARGE).send().await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for call in calls {
+        let reply = call.await.unwrap();
+        assert_eq!(reply.status, 201);
+        bodies.push(reply.body);
+    }
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]), "every duplicate sees the one response");
+    assert_eq!(upstream.count_for("k-wait"), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_still_gets_its_record_completed() {
+    let upstream = Upstream::start().await;
+    let gateway = Arc::new(TestGateway::start(config(&upstream.url(), "memory://")).await);
+    let abandoned = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move { gateway.post("/slow?ms=300").key("k-gone").json(CHARGE).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    abandoned.abort();
+    upstream.wait_finished(1).await;
+    let mut reply = gateway.post("/slow?ms=300").key("k-gone").json(CHARGE).send().await;
+    for _ in 0..50 {
+        if reply.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        reply = gateway.post("/slow?ms=300").key("k-gone").json(CHARGE).send().await;
+    }
+    assert_eq!(reply.status, 201);
+    assert!(reply.replayed(), "the abandoned attempt completed its record");
+    assert_eq!(upstream.count_for("k-gone"), 1);
+}
+
+#[tokio::test]
+async fn unguarded_methods_and_unknown_paths_behave_plainly() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.routes[0].prefix = "/api/".into();
+    let gateway = TestGateway::start(config).await;
+    assert_eq!(gateway.get("/api/x").key("k").send().await.status, 200);
+    assert_eq!(gateway.get("/api/x").key("k").send().await.status, 200);
+    assert_eq!(upstream.total(), 2, "GET is never deduplicated");
+    let none = gateway.post("/elsewhere").key("k").send().await;
+    assert_eq!(none.status, 404);
+    assert_eq!(none.problem(), "no-route");
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_running_request_and_returns_ok() {
+    let upstream = Upstream::start().await;
+    let gateway = Arc::new(TestGateway::start(config(&upstream.url(), "memory://")).await);
+    let running = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move { gateway.post("/slow?ms=500").key("k-drain").json(CHARGE).send().await })
+    };
+    while upstream.total() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gateway.stop().await, Ok(()));
+    let reply = running.await.unwrap();
+    assert_eq!(reply.status, 201, "the in-flight request was finished, not cut off");
+    assert_eq!(upstream.count_for("k-drain"), 1);
+}
