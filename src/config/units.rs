@@ -49,15 +49,22 @@ impl std::str::FromStr for ConfigDuration {
 
 impl std::fmt::Display for ConfigDuration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = self.0.as_millis();
-        let (n, unit) = DURATION_UNITS
-            .iter()
-            .rev()
-            .map(|(u, scale)| (ms / u128::from(*scale), *u, u128::from(*scale)))
-            .find(|(_, _, scale)| ms % scale == 0 && ms > 0)
-            .map(|(n, u, _)| (n, u))
-            .unwrap_or((ms, "ms"));
-        write!(f, "{n}{unit}")
+        let ms = u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX);
+        write_largest_unit(f, ms, DURATION_UNITS, "ms")
+    }
+}
+
+/// Writes `value` in the largest unit that divides it exactly.
+fn write_largest_unit(
+    f: &mut std::fmt::Formatter<'_>,
+    value: u64,
+    units: &[(&str, u64)],
+    base: &str,
+) -> std::fmt::Result {
+    let exact = units.iter().rev().find(|(_, scale)| value > 0 && value.is_multiple_of(*scale));
+    match exact {
+        Some((unit, scale)) => write!(f, "{}{unit}", value / scale),
+        None => write!(f, "{value}{base}"),
     }
 }
 
@@ -74,13 +81,8 @@ impl std::str::FromStr for ByteSize {
 
 impl std::fmt::Display for ByteSize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (unit, scale) = SIZE_UNITS[..4]
-            .iter()
-            .rev()
-            .find(|(_, scale)| self.0 % scale == 0 && self.0 > 0)
-            .copied()
-            .unwrap_or(("B", 1));
-        write!(f, "{}{unit}", self.0 / scale)
+        // Printed in binary units only: the decimal ones are for input.
+        write_largest_unit(f, self.0, &SIZE_UNITS[..4], "B")
     }
 }
 

@@ -202,7 +202,7 @@ impl<S: Store> Attempt<S> {
             strip_hop_by_hop(&mut head.headers);
             let mut prefix = BytesMut::new();
             while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| UpstreamError::Body(e))?;
+                let frame = frame.map_err(UpstreamError::Body)?;
                 if let Ok(data) = frame.into_data() {
                     prefix.extend_from_slice(&data);
                     if prefix.len() > cap {
