@@ -37,7 +37,11 @@ pub async fn serve_on(
 ) -> Result<(), String> {
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %address, "idemgate gateway listening");
-    server::serve(listener, gateway, limits(config), shutdown).await;
+    let tls = match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(cert), Some(key)) => Some(crate::gateway::tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    server::serve(listener, gateway, limits(config), tls, shutdown).await;
     Ok(())
 }
 

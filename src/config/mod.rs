@@ -126,6 +126,8 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// The key store: `memory://`, `redis://…`, `rediss://…`, `redis+cluster://…`.
     pub store: ServiceUrl,
+    /// TLS for the gateway listener (clients then speak h2 or HTTP/1.1 over TLS).
+    pub tls: TlsConfig,
     /// Logging.
     pub log: LogConfig,
     /// Idempotency policy shared by all routes.
@@ -146,6 +148,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             store: ServiceUrl::new("memory://"),
+            tls: TlsConfig::default(),
             log: LogConfig::default(),
             gateway: GatewayConfig::default(),
             routes: Vec::new(),
@@ -154,6 +157,18 @@ impl Default for Config {
             destinations: BTreeMap::new(),
         }
     }
+}
+
+/// Listener TLS: both files or neither.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// Log output.
@@ -315,6 +330,9 @@ pub struct RouteConfig {
     /// Forward the client's `Host` header instead of the upstream's authority.
     #[serde(default)]
     pub keep_host: bool,
+    /// Extra CA certificates (PEM) trusted for this `https://` upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// Overrides `gateway.release_statuses` for this route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_statuses: Option<Vec<u16>>,
@@ -445,6 +463,7 @@ impl Config {
                 methods: default_methods(),
                 require_key: false,
                 keep_host: false,
+                ca_file: None,
                 release_statuses: None,
             });
         }
@@ -479,6 +498,9 @@ impl Config {
                 "gateway.upstream_timeout = {} is not shorter than gateway.lease = {}: a slow upstream is then protected only by lease renewal, and a store outage during the call could let a retry run it again",
                 g.upstream_timeout, g.lease
             ));
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return invalid("tls needs both cert_file and key_file, or neither".into());
         }
         if g.max_connections == 0 {
             return invalid("gateway.max_connections must be at least 1".into());

@@ -10,7 +10,6 @@
 //!    moment it has an answer gets the replay;
 //! 4. the client's disconnect cannot cancel steps 3's task.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use super::body::{Prefixed, ResponseBody, boxed, full};
 use super::headers::{IDEMPOTENT_REPLAYED, headers_to_store, strip_hop_by_hop};
 use super::problem::Problem;
 use super::routes::Route;
-use super::upstream::{UpstreamError, rewrite};
+use super::upstream::{ClientInfo, UpstreamError, rewrite};
 use super::{Gateway, Outcome};
 use crate::config::{ConcurrentMode, FailMode, ForwardKey};
 use crate::idempotency::{Decision, Fence, IdempotencyKey, ScopedKey, StoredResponse, decide};
@@ -35,10 +34,10 @@ type Guarded = (Outcome, Option<String>, Response<ResponseBody>);
 /// Guards one request that carries a key.
 pub(super) async fn run<S: Store>(
     gateway: &Arc<Gateway<S>>,
-    route: &Route,
+    route: &Arc<Route>,
     request: Request<Incoming>,
     key: IdempotencyKey,
-    client: SocketAddr,
+    client: ClientInfo,
 ) -> Guarded {
     let policy = &gateway.policy;
     let (parts, body) = request.into_parts();
@@ -146,10 +145,10 @@ enum Forward {
 /// One acquired attempt at a key.
 struct Attempt<S> {
     gateway: Arc<Gateway<S>>,
-    route: Route,
+    route: Arc<Route>,
     scoped: ScopedKey,
     fence: Fence,
-    client: SocketAddr,
+    client: ClientInfo,
 }
 
 impl<S: Store> Attempt<S> {
@@ -159,7 +158,7 @@ impl<S: Store> Attempt<S> {
             ForwardKey::Original => None,
             ForwardKey::Derived => HeaderValue::from_str(&self.scoped.to_hex()).ok(),
         };
-        let forward = match rewrite(&self.route, parts, full(body), self.client, forwarded_key) {
+        let forward = match rewrite(&self.route, parts, full(body), &self.client, forwarded_key) {
             Ok(request) => self.renewing(self.forward(request)).await,
             Err(error) => Forward::Failed { status: None, error },
         };
@@ -196,7 +195,7 @@ impl<S: Store> Attempt<S> {
         let cap = self.gateway.policy.max_stored_response;
         let mut status = None;
         let call = async {
-            let response = self.gateway.upstream.send(request, timeout).await?;
+            let response = self.route.upstream.send(request, timeout).await?;
             let (mut head, mut body) = response.into_parts();
             status = Some(head.status);
             strip_hop_by_hop(&mut head.headers);
@@ -285,7 +284,7 @@ impl<S: Store> Attempt<S> {
 
     /// Fail-open: forward without any record.
     async fn forward_unguarded(&self, parts: http::request::Parts, body: Bytes) -> Response<ResponseBody> {
-        let request = match rewrite(&self.route, parts, full(body), self.client, None) {
+        let request = match rewrite(&self.route, parts, full(body), &self.client, None) {
             Ok(request) => request,
             Err(_) => return Problem::Internal.to_response(),
         };

@@ -19,9 +19,9 @@ pub mod headers;
 pub mod problem;
 pub mod routes;
 pub mod server;
+pub mod tls;
 pub mod upstream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,7 @@ use crate::store::{Store, StoreError};
 use body::{ResponseBody, boxed};
 use problem::Problem;
 use routes::{Route, RouteTable};
-use upstream::Upstream;
+use upstream::ClientInfo;
 
 /// What happened to a request; logged once per request (and counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +124,6 @@ pub struct Policy {
 pub struct Gateway<S> {
     store: S,
     routes: RouteTable,
-    upstream: Upstream,
     policy: Policy,
     tenant: TenantSource,
     fingerprint: FingerprintPolicy,
@@ -137,12 +136,6 @@ impl<S: Store> Gateway<S> {
         let g = &config.gateway;
         let header = |name: &String| HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"));
         let routes = RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() })?;
-        if let Some(route) = routes.iter().find(|r| r.scheme != http::uri::Scheme::HTTP) {
-            return Err(format!(
-                "route {:?}: https:// upstreams are not supported by this build yet; use http://",
-                route.name
-            ));
-        }
         let tenant = match (&g.tenant.from, &g.tenant.header, &g.tenant.fixed) {
             (_, Some(name), _) => TenantSource::Header(header(name)?),
             (_, _, Some(fixed)) => TenantSource::Fixed(fixed.clone()),
@@ -151,7 +144,6 @@ impl<S: Store> Gateway<S> {
         Ok(Self {
             store,
             routes,
-            upstream: Upstream::new(),
             policy: Policy {
                 key_ttl: g.key_ttl.0,
                 lease: g.lease.0,
@@ -185,7 +177,7 @@ impl<S: Store> Gateway<S> {
     }
 
     /// Handles one client request.
-    pub async fn handle(self: &Arc<Self>, request: Request<Incoming>, client: SocketAddr) -> Response<ResponseBody> {
+    pub async fn handle(self: &Arc<Self>, request: Request<Incoming>, client: ClientInfo) -> Response<ResponseBody> {
         let started = Instant::now();
         let Some(route) = self.routes.find(request.uri().path()) else {
             return self.log(None, Outcome::NoRoute, None, started, Problem::NoRoute.to_response());
@@ -196,9 +188,9 @@ impl<S: Store> Gateway<S> {
 
     async fn dispatch(
         self: &Arc<Self>,
-        route: &Route,
+        route: &Arc<Route>,
         request: Request<Incoming>,
-        client: SocketAddr,
+        client: ClientInfo,
     ) -> (Outcome, Option<String>, Response<ResponseBody>) {
         if !route.guards(request.method()) {
             return (Outcome::Passthrough, None, self.passthrough(route, request, client).await);
@@ -216,17 +208,17 @@ impl<S: Store> Gateway<S> {
         &self,
         route: &Route,
         request: Request<Incoming>,
-        client: SocketAddr,
+        client: ClientInfo,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
-        let request = match upstream::rewrite(route, parts, boxed(body), client, None) {
+        let request = match upstream::rewrite(route, parts, boxed(body), &client, None) {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
                 return Problem::NoRoute.to_response();
             }
         };
-        match self.upstream.send(request, self.policy.upstream_timeout).await {
+        match route.upstream.send(request, self.policy.upstream_timeout).await {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);

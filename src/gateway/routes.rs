@@ -1,7 +1,10 @@
 //! The route table: path prefix → upstream and policy. First match wins.
 
+use std::sync::Arc;
+
 use http::{Method, Uri, uri::Authority, uri::Scheme};
 
+use super::upstream::Upstream;
 use crate::config::{RouteConfig, check_upstream_url};
 use crate::idempotency::StatusPolicy;
 
@@ -26,6 +29,8 @@ pub struct Route {
     pub keep_host: bool,
     /// Which outcomes are stored.
     pub status_policy: StatusPolicy,
+    /// The pooled client for this route's upstream.
+    pub upstream: Upstream,
 }
 
 impl Route {
@@ -58,6 +63,7 @@ impl Route {
                 .clone()
                 .map(|release| StatusPolicy { release })
                 .unwrap_or_else(|| default_policy.clone()),
+            upstream: Upstream::new(config.ca_file.as_deref()).map_err(|e| format!("route {:?}: {e}", config.name))?,
         })
     }
 
@@ -79,21 +85,21 @@ impl Route {
 
 /// Routes in match order.
 #[derive(Debug, Clone, Default)]
-pub struct RouteTable(Vec<Route>);
+pub struct RouteTable(Vec<Arc<Route>>);
 
 impl RouteTable {
     /// Compiles every route.
     pub fn from_config(routes: &[RouteConfig], default_policy: &StatusPolicy) -> Result<Self, String> {
-        routes.iter().map(|r| Route::from_config(r, default_policy)).collect::<Result<_, _>>().map(Self)
+        routes.iter().map(|r| Route::from_config(r, default_policy).map(Arc::new)).collect::<Result<_, _>>().map(Self)
     }
 
     /// The first route whose prefix matches `path`.
-    pub fn find(&self, path: &str) -> Option<&Route> {
+    pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
         self.0.iter().find(|r| path.starts_with(&r.prefix))
     }
 
     /// The routes.
-    pub fn iter(&self) -> impl Iterator<Item = &Route> {
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.0.iter()
     }
 }
@@ -110,6 +116,7 @@ mod tests {
             methods: vec!["POST".into(), "patch".into()],
             require_key: false,
             keep_host: false,
+            ca_file: None,
             release_statuses: None,
         }
     }

@@ -20,7 +20,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use tokio_rustls::TlsAcceptor;
+
 use super::Gateway;
+use super::upstream::ClientInfo;
 use crate::store::Store;
 
 /// Limits of the listener.
@@ -35,10 +38,13 @@ pub struct ServerLimits {
 }
 
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains.
+/// With `tls`, every connection is a TLS handshake first (bounded by the
+/// header read timeout), then h2 or HTTP/1.1 as ALPN chose.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     gateway: Arc<Gateway<S>>,
     limits: ServerLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -49,7 +55,7 @@ pub async fn serve<S: Store>(
     tokio::pin!(shutdown);
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { break };
-        let (stream, client) = tokio::select! {
+        let (stream, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -62,16 +68,35 @@ pub async fn serve<S: Store>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let client = ClientInfo { addr, tls: tls.is_some() };
         let gateway = gateway.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let gateway = gateway.clone();
             async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, client).await) }
         });
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(client = %client, error = %e, "connection ended with an error");
+            let result = match tls {
+                None => {
+                    watcher
+                        .watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned())
+                        .await
+                }
+                Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        watcher
+                            .watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned())
+                            .await
+                    }
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(_) => Err("TLS handshake timed out".into()),
+                },
+            };
+            if let Err(e) = result {
+                tracing::debug!(client = %addr, error = %e, "connection ended with an error");
             }
             drop(slot);
         });

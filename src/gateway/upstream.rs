@@ -7,11 +7,13 @@
 //! derived key when configured.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 
@@ -37,26 +39,33 @@ pub enum UpstreamError {
     Build(#[source] http::Error),
 }
 
-/// The shared upstream client.
+/// A route's pooled upstream client (HTTP/1.1 keep-alive, `http` or `https`).
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, ResponseBody>,
+    client: Client<HttpsConnector<HttpConnector>, ResponseBody>,
 }
 
-impl Default for Upstream {
-    fn default() -> Self {
-        Self::new()
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Upstream(..)")
     }
 }
 
 impl Upstream {
-    /// A pooled HTTP/1.1 client with keep-alive.
-    pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    /// A client trusting the bundled roots plus `extra_ca`.
+    pub fn new(extra_ca: Option<&Path>) -> Result<Self, String> {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        // Let the TLS layer see https:// URIs.
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(super::tls::client_config(extra_ca)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector);
-        Self { client }
+        Ok(Self { client })
     }
 
     /// Sends a rewritten request and waits for the response head.
@@ -72,12 +81,21 @@ impl Upstream {
     }
 }
 
+/// Who sent a request, as the listener saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientInfo {
+    /// The peer address.
+    pub addr: SocketAddr,
+    /// `true` when the client connected over TLS.
+    pub tls: bool,
+}
+
 /// Turns a client request into the upstream request.
 pub fn rewrite(
     route: &Route,
     mut parts: http::request::Parts,
     body: ResponseBody,
-    client: SocketAddr,
+    client: &ClientInfo,
     forwarded_key: Option<HeaderValue>,
 ) -> Result<Request<ResponseBody>, UpstreamError> {
     parts.uri = route.upstream_uri(&parts.uri).map_err(UpstreamError::Build)?;
@@ -88,7 +106,7 @@ pub fn rewrite(
         // The client fills in Host from the URI's authority.
         headers.remove(header::HOST);
     }
-    let ip = client.ip().to_string();
+    let ip = client.addr.ip().to_string();
     let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(previous) => format!("{previous}, {ip}"),
         None => ip,
@@ -96,7 +114,7 @@ pub fn rewrite(
     if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
         headers.insert("x-forwarded-for", value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(if client.tls { "https" } else { "http" }));
     if let Some(key) = forwarded_key {
         headers.insert(&IDEMPOTENCY_KEY, key);
     }

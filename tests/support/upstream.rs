@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio_rustls::TlsAcceptor;
 
 #[derive(Default)]
 pub struct Effects {
@@ -37,30 +39,49 @@ pub struct Effects {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub effects: Arc<Effects>,
+    tls: bool,
 }
 
 impl Upstream {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// An `https://` upstream with this certificate and key (PEM files).
+    pub async fn start_tls(cert: &Path, key: &Path) -> Self {
+        Self::start_with(Some(idemgate::gateway::tls::acceptor(cert, key).unwrap())).await
+    }
+
+    async fn start_with(tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let effects = Arc::new(Effects::default());
         let shared = effects.clone();
+        let tls_enabled = tls.is_some();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 let effects = shared.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |r| handle(r, effects.clone()));
-                    let _ =
-                        auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => builder.serve_connection(TokioIo::new(stream), service).await,
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(stream) => builder.serve_connection(TokioIo::new(stream), service).await,
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
-        Self { addr, effects }
+        Self { addr, effects, tls: tls_enabled }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Effects performed so far.

@@ -1,0 +1,106 @@
+//! Protocols around the gateway: TLS to upstreams with a private CA, TLS and
+//! HTTP/2 from clients, h2c.
+
+mod support;
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use support::gateway::{TestGateway, config};
+use support::upstream::Upstream;
+
+/// A self-signed certificate for 127.0.0.1 and localhost, made at test time.
+struct TestCert {
+    dir: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TestCert {
+    fn new() -> Self {
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let dir = std::env::temp_dir().join(format!("idemgate-tls-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        Self { dir, cert, key }
+    }
+}
+
+impl Drop for TestCert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_a_private_ca_is_guarded_like_any_other() {
+    let cert = TestCert::new();
+    let upstream = Upstream::start_tls(&cert.cert, &cert.key).await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.routes[0].ca_file = Some(cert.cert.clone());
+    let gateway = TestGateway::start(config).await;
+    let first = gateway.post("/charge").key("tls-1").json("{}").send().await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let retry = gateway.post("/charge").key("tls-1").json("{}").send().await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_an_unknown_certificate_is_refused_and_the_key_released() {
+    let cert = TestCert::new();
+    let upstream = Upstream::start_tls(&cert.cert, &cert.key).await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let reply = gateway.post("/charge").key("tls-2").json("{}").send().await;
+    assert_eq!(reply.status, 502);
+    assert_eq!(reply.problem(), "upstream-unavailable");
+    assert_eq!(upstream.total(), 0);
+}
+
+#[tokio::test]
+async fn clients_may_speak_h2_over_tls_and_the_upstream_learns_the_protocol() {
+    let cert = TestCert::new();
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.tls.cert_file = Some(cert.cert.clone());
+    config.tls.key_file = Some(cert.key.clone());
+    let gateway = TestGateway::start(config).await;
+
+    let tls = idemgate::gateway::tls::client_config(Some(&cert.cert)).unwrap();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http2().build();
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
+    for _ in 0..2 {
+        let request = Request::post(format!("https://127.0.0.1:{}/charge", gateway.addr.port()))
+            .header("idempotency-key", "h2-tls")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        assert_eq!(response.status(), 201);
+        response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(upstream.total(), 1);
+    assert_eq!(upstream.last_headers()["x-forwarded-proto"], "https");
+}
+
+#[tokio::test]
+async fn clients_may_speak_h2c_with_prior_knowledge() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let request = Request::post(format!("http://{}/charge", gateway.addr))
+        .header("idempotency-key", "h2c")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 201);
+    assert_eq!(upstream.last_headers()["x-forwarded-proto"], "http");
+}
