@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemgate::config::{ConcurrentMode, ConfigDuration, FailMode, ForwardKey};
 use support::gateway::{TestGateway, config};
-use support::redis_server::{RedisProcess, shared_redis_url, unique_prefix};
+use support::redis_server::{RedisCluster, RedisProcess, shared_redis_url, unique_prefix};
 use support::upstream::Upstream;
 
 const CHARGE: &str = r#"{"amount": 500, "currency": "eur"}"#;
@@ -45,7 +45,7 @@ async fn a_retry_after_completion_replays_the_stored_response_on_redis() {
 }
 
 /// 64 identical requests at once: one upstream call; the others get 409 or the replay.
-pub async fn concurrent_duplicates_cause_exactly_one_upstream_call(store: &str) {
+async fn concurrent_duplicates_cause_exactly_one_upstream_call(store: &str) {
     let upstream = Upstream::start().await;
     let gateway = Arc::new(TestGateway::start(config(&upstream.url(), store)).await);
     for round in 0..3 {
@@ -75,6 +75,15 @@ async fn concurrent_duplicates_cause_exactly_one_upstream_call_on_memory() {
 #[tokio::test]
 async fn concurrent_duplicates_cause_exactly_one_upstream_call_on_redis() {
     concurrent_duplicates_cause_exactly_one_upstream_call(&redis_store()).await;
+}
+
+/// One cluster for both checks: starting one costs seconds.
+#[tokio::test]
+async fn replays_and_concurrent_duplicates_hold_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let store = format!("{}?prefix={}", cluster.url(), unique_prefix());
+    a_retry_after_completion_replays_the_stored_response(&store).await;
+    concurrent_duplicates_cause_exactly_one_upstream_call(&store).await;
 }
 
 #[tokio::test]

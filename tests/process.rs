@@ -1,0 +1,143 @@
+//! The `idemgate` binary as users run it: config checks, a gateway killed
+//! mid-request and another taking over its key, graceful termination.
+
+mod support;
+
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::gateway::Reply;
+use support::redis_server::{free_port, shared_redis_url, unique_prefix};
+use support::upstream::Upstream;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
+
+fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(BINARY).args(args).envs(env.iter().copied()).output().expect("run idemgate")
+}
+
+/// A gateway process on a free port; killed when dropped.
+struct GatewayProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl GatewayProcess {
+    fn start(upstream: &str, store: &str, env: &[(&str, &str)]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Command::new(BINARY)
+            .args(["serve", "--listen", &addr.to_string(), "--upstream", upstream, "--store", store])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start idemgate serve");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "idemgate did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, addr }
+    }
+
+    async fn charge(&self, path: &str, key: &str) -> Reply {
+        charge(self.addr, path, key).await.expect("gateway answered")
+    }
+}
+
+async fn charge(addr: SocketAddr, path: &str, key: &str) -> Result<Reply, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let request = http::Request::post(format!("http://{addr}{path}"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"amount\":1}")))
+        .unwrap();
+    let response = client.request(request).await.map_err(|e| e.to_string())?;
+    let (parts, body) = response.into_parts();
+    let body = http_body_util::BodyExt::collect(body).await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Reply { status: parts.status.as_u16(), headers: parts.headers, body })
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn check_config_prints_the_effective_config_with_secrets_redacted() {
+    let output = idemgate(
+        &["check-config", "--upstream", "http://127.0.0.1:9000", "--store", "redis://:hunter2@127.0.0.1:6379/0"],
+        &[("IDEMGATE__ADMIN__TOKEN", "s3cret"), ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "1m")],
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("lease = \"30s\""), "{printed}");
+    assert!(!printed.contains("hunter2") && !printed.contains("s3cret"), "{printed}");
+    let warnings = String::from_utf8_lossy(&output.stderr);
+    assert!(warnings.contains("upstream_timeout"), "a timeout above the lease is warned about: {warnings}");
+}
+
+#[test]
+fn a_bad_config_exits_2_with_a_message_naming_the_problem() {
+    let output = idemgate(&["check-config", "--upstream", "ftp://x"], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("http://"));
+    let output = idemgate(&["serve"], &[("IDEMGATE__GATEWAY__FAIL_MODE", "sometimes")]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("fail_mode"));
+    let output = idemgate(&["serve"], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--upstream"));
+}
+
+/// A gateway SIGKILLed mid-call leaves an in-flight record; another gateway
+/// refuses the key while the lease lives, then takes it over. The second
+/// execution is what a lost gateway costs, and the upstream sees the same
+/// key both times, so an upstream that deduplicates can catch it.
+#[tokio::test]
+async fn a_killed_gateways_key_is_taken_over_after_its_lease_by_another_gateway() {
+    let upstream = Upstream::start().await;
+    let store = format!("{}?prefix={}", shared_redis_url(), unique_prefix());
+    let env = [("IDEMGATE__GATEWAY__LEASE", "1s"), ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms")];
+    let mut first = GatewayProcess::start(&upstream.url(), &store, &env);
+    let second = GatewayProcess::start(&upstream.url(), &store, &env);
+
+    let doomed = tokio::spawn(charge(first.addr, "/slow?ms=800", "k-crash"));
+    while upstream.total() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    assert!(doomed.await.unwrap().is_err(), "the killed gateway never answered");
+
+    let blocked = second.charge("/slow?ms=800", "k-crash").await;
+    assert_eq!(blocked.status, 409, "the dead gateway's lease still holds the key");
+    let mut reply = blocked;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reply.status == 409 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reply = second.charge("/slow?ms=800", "k-crash").await;
+    }
+    assert_eq!(reply.status, 201, "the key is taken over once the lease ends");
+    assert_eq!(upstream.count_for("k-crash"), 2, "both executions carried the same key upstream");
+    assert!(second.charge("/slow?ms=800", "k-crash").await.replayed());
+}
+
+#[tokio::test]
+async fn sigterm_finishes_the_running_request_and_exits_0() {
+    let upstream = Upstream::start().await;
+    let mut gateway = GatewayProcess::start(&upstream.url(), "memory://", &[]);
+    let running = tokio::spawn(charge(gateway.addr, "/slow?ms=500", "k-term"));
+    while upstream.total() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = gateway.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let reply = running.await.unwrap().expect("answered during shutdown");
+    assert_eq!(reply.status, 201, "the in-flight request completed during shutdown");
+    let status = tokio::task::spawn_blocking(move || gateway.child.wait().unwrap()).await.unwrap();
+    assert_eq!(status.code(), Some(0));
+}
