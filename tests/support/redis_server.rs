@@ -119,19 +119,34 @@ impl RedisCluster {
             cluster.children.push(child);
         }
         let addresses: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let output = Command::new("redis-cli")
+        let log_path = cluster.dir.0.join("cluster-create.log");
+        let log = File::create(&log_path).expect("create the cluster-create log");
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(log.try_clone().expect("clone a file handle"))
+            .stderr(log)
+            .spawn()
             .expect("run redis-cli --cluster create");
+        // redis-cli waits for the nodes to agree; bound that wait too.
+        let deadline = Instant::now() + START_TIMEOUT * 2;
+        let status = loop {
+            if let Some(status) = create.try_wait().expect("wait for redis-cli") {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                kill(create);
+                break None;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        };
         assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+            status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed ({status:?}):\n{}",
+            fs::read_to_string(&log_path).unwrap_or_default()
         );
         let deadline = Instant::now() + START_TIMEOUT;
         for &port in &cluster.ports {
