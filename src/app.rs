@@ -16,6 +16,26 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
     serve_on(listener, gateway, config, shutdown).await
 }
 
+/// `serve --relay`: the gateway and the outbox relay in one process. One
+/// signal stops both: the gateway drains, the relay finishes its batch.
+pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let (relay, listen) = crate::outbox::relay::from_config(config).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let relay_task = tokio::spawn(relay.run(listen, stop.clone()));
+    let gateway = serve(config, stop.clone().cancelled_owned());
+    tokio::pin!(gateway);
+    let served = tokio::select! {
+        served = &mut gateway => served,
+        _ = shutdown => {
+            stop.cancel();
+            gateway.await
+        }
+    };
+    stop.cancel();
+    relay_task.await.map_err(|e| e.to_string())?;
+    served
+}
+
 /// Opens the store and builds the gateway (no listener yet).
 pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {

@@ -7,6 +7,8 @@
 //! - `on_memory::<case>` — the embedded [`MemoryStore`];
 //! - `on_redis::<case>` — [`RedisStore`] on the shared Redis (`REDIS_URL`),
 //!   with a fresh key prefix per test;
+//! - `on_postgres::<case>` — [`PostgresStore`] on the shared Postgres
+//!   (`DATABASE_URL`), in a fresh schema per test;
 //! - `on_redis_cluster::every_case_passes` — [`RedisStore`] on a private
 //!   three-master Redis Cluster, started once and shared by all the cases.
 //!
@@ -22,8 +24,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idemgate::idempotency::{Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
 use idemgate::store::memory::MemoryStore;
+use idemgate::store::postgres::PostgresStore;
 use idemgate::store::redis::RedisStore;
 use idemgate::store::{Begin, Store, StoreError};
+use support::postgres::TestSchema;
 use support::redis_server::{RedisCluster, RedisProcess, shared_redis_url, unique_prefix, with_option};
 
 /// A lease no case outlives.
@@ -329,6 +333,19 @@ macro_rules! conformance_suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
                     super::$case(shared_redis_store().await).await;
+                }
+            )*
+        }
+
+        mod on_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let schema = TestSchema::create().await;
+                    let url = schema.store_url();
+                    let store = PostgresStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+                    super::$case(Arc::new(store)).await;
                 }
             )*
         }
