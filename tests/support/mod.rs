@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod gateway;
+pub mod outbox;
 pub mod postgres;
 pub mod redis_server;
 pub mod sink;

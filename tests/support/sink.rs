@@ -6,6 +6,8 @@
 //! - `{"status": N}` → answers `N` (default `200`);
 //! - `{"retry_after": "…"}` → adds that `Retry-After` header;
 //! - `{"delay_ms": N}` → answers after `N` ms.
+//!
+//! [`Sink::fail_with`] overrides the status of every answer until cleared.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,7 @@ pub struct Received {
 #[derive(Default)]
 struct State {
     received: Mutex<Vec<Received>>,
+    fail_with: Mutex<Option<u16>>,
     signal: Notify,
 }
 
@@ -61,6 +64,11 @@ impl Sink {
 
     pub fn url(&self) -> String {
         format!("http://{}/deliver", self.addr)
+    }
+
+    /// Answers every request with `status` (or, with `None`, as the payload says).
+    pub fn fail_with(&self, status: Option<u16>) {
+        *self.state.fail_with.lock().unwrap() = status;
     }
 
     pub fn received(&self) -> Vec<Received> {
@@ -100,7 +108,8 @@ async fn handle(request: Request<Incoming>, state: Arc<State>) -> Result<Respons
     if let Some(ms) = payload.get("delay_ms").and_then(|v| v.as_u64()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let status = payload.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+    let scripted = payload.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+    let status = state.fail_with.lock().unwrap().unwrap_or(scripted);
     let retry_after = payload.get("retry_after").and_then(|v| v.as_str()).map(str::to_owned);
     state.received.lock().unwrap().push(Received { key, payload, headers });
     state.signal.notify_waiters();
