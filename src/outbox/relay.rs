@@ -5,9 +5,10 @@
 //! statement — so tests drive the relay without sleeping. [`Relay::run`]
 //! is the loop around it:
 //!
-//! - after a full batch it goes again at once; otherwise it waits for a
-//!   `NOTIFY` ([`super::listen`]) or `poll_interval`, whichever comes
-//!   first. Polling always runs, so a lost notification only costs latency;
+//! - after a step that claimed anything it goes again at once (more may be
+//!   due, and a settled head frees its ordering key's next row); after an
+//!   empty step it waits for a `NOTIFY` ([`super::listen`]) or
+//!   `poll_interval`, whichever comes first. Polling always runs, so a lost notification only costs latency;
 //! - every `reap_interval` it returns expired leases to the queue
 //!   ([`claim::reap_expired`]); at start and hourly it runs the history
 //!   retention job;
@@ -240,14 +241,16 @@ impl<P: Publisher> Relay<P> {
                 }
                 next_reap = Instant::now() + s.reap_interval;
             }
-            let full = match self.try_execute_batch().await {
-                Ok(outcome) => outcome.claimed >= s.batch_size as usize,
+            // Go again at once after any work: a full batch means more is
+            // due, and a settled head lets its ordering key's next row go.
+            let worked = match self.try_execute_batch().await {
+                Ok(outcome) => outcome.claimed > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox claim failed");
                     false
                 }
             };
-            if full {
+            if worked {
                 continue;
             }
             let idle_until = (Instant::now() + s.poll_interval).min(next_reap);

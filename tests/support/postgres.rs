@@ -59,17 +59,21 @@ pub struct TestSchema {
 }
 
 impl TestSchema {
-    /// Creates the schema and applies the migrations to it.
-    pub async fn create() -> Self {
+    /// Names a schema (dropped with the guard) without creating it.
+    pub async fn unmigrated() -> Self {
         drop_orphans().await;
         let name = format!("t_{}_{:016x}", std::process::id(), rand::random::<u64>());
-        let schema = Schema::new(&name).expect("schema name");
-        let url = shared_database_url();
-        let mut client = idemgate::outbox::migrate::connect(&url)
+        Self { schema: Schema::new(&name).expect("schema name"), url: shared_database_url() }
+    }
+
+    /// Creates the schema and applies the migrations to it.
+    pub async fn create() -> Self {
+        let guard = Self::unmigrated().await;
+        let mut client = idemgate::outbox::migrate::connect(&guard.url)
             .await
-            .unwrap_or_else(|e| panic!("Postgres at {url} (set DATABASE_URL): {e}"));
-        idemgate::outbox::migrate::run(&mut client, &schema).await.expect("migrate");
-        Self { schema, url }
+            .unwrap_or_else(|e| panic!("Postgres at {} (set DATABASE_URL): {e}", guard.url));
+        idemgate::outbox::migrate::run(&mut client, &guard.schema).await.expect("migrate");
+        guard
     }
 
     pub fn name(&self) -> &str {
