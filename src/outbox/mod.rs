@@ -178,3 +178,26 @@ pub fn pool(url: &str, size: usize) -> Result<Pool, OutboxError> {
         .build()
         .map_err(|e| OutboxError::InvalidUrl(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_schema_rewrites_every_qualifier_and_nothing_else() {
+        let schema = Schema::new("t_1_ab").unwrap();
+        assert_eq!(
+            schema.sql("SELECT idemgate.enqueue() FROM idemgate.outbox -- idemgate_outbox"),
+            "SELECT t_1_ab.enqueue() FROM t_1_ab.outbox -- idemgate_outbox"
+        );
+        assert_eq!(Schema::default().sql("idemgate.outbox"), "idemgate.outbox");
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for bad in ["", "Idemgate", "1x", "a-b", "a.b", "a;drop", &"x".repeat(64)] {
+            assert!(Schema::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Schema::new("idemgate_2").is_ok());
+    }
+}
