@@ -71,8 +71,9 @@ pub struct DestinationConfig {
     /// HTTP method.
     #[serde(default = "default_post")]
     pub method: String,
-    /// Extra request headers.
-    #[serde(default)]
+    /// Extra request headers. Their values are redacted when the config is
+    /// printed: they often carry credentials.
+    #[serde(default, serialize_with = "redacted_values")]
     pub headers: BTreeMap<String, String>,
     /// Limit on one delivery attempt (until the whole response is read).
     #[serde(default = "default_destination_timeout")]
@@ -114,6 +115,10 @@ impl DestinationConfig {
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy { base: self.backoff_base.0, max: self.backoff_max.0, max_attempts: self.max_attempts }
     }
+}
+
+fn redacted_values<S: serde::Serializer>(headers: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(headers.keys().map(|name| (name, "[redacted]")))
 }
 
 fn default_post() -> String {
@@ -224,6 +229,14 @@ mod tests {
         destination.headers.insert("Idempotency-Key".into(), "x".into());
         let destinations = BTreeMap::from([("email".to_string(), destination)]);
         assert!(validate(&RelayConfig::default(), &destinations, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn destination_header_values_are_not_printed() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.headers.insert("authorization".into(), "Bearer s3cret".into());
+        let printed = toml::to_string(&destination).unwrap();
+        assert!(printed.contains("authorization") && !printed.contains("s3cret"), "{printed}");
     }
 
     #[test]
