@@ -148,6 +148,23 @@ async fn a_stale_claim_after_its_lease_expired_changes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_claims_keep_expiring_is_buried_once_its_attempts_are_used_up() {
+    let fx = Fixture::start().await; // max_attempts = 3
+    fx.enqueue("poison", json!({}), None).await;
+    for _ in 0..3 {
+        // A relay claims and dies without a result, three times over.
+        assert_eq!(fx.claim(SHORT_LEASE).await.len(), 1);
+        tokio::time::sleep(PAST_SHORT_LEASE).await;
+        assert_eq!(claim::reap_expired(&fx.db).await.unwrap(), 1);
+    }
+    let outcome = fx.relay(LEASE).try_execute_batch().await.unwrap();
+    assert_eq!((outcome.claimed, outcome.dead), (1, 1), "{outcome:?}");
+    assert_eq!(fx.sink.count(), 0, "buried without a fourth publish");
+    let dead = claim::list_dead(&fx.db, 10).await.unwrap();
+    assert!(dead[0].last_error.as_deref().is_some_and(|e| e.contains("expired leases")), "{dead:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_publish_keeps_its_lease_by_renewing_it() {
     let fx = Fixture::start().await;
     fx.enqueue("order:5", json!({"delay_ms": 1500}), None).await;
