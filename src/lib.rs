@@ -9,15 +9,20 @@
 //! - [`gateway`] — the reverse proxy: routing, the idempotency guard as a
 //!   tower service, forwarding to upstreams, RFC 9457 problem responses, and
 //!   the listener.
+//! - [`admin`] — the admin listener: health, readiness, metrics, and the
+//!   bearer-protected admin API.
+//! - [`metrics`] — the Prometheus metric set.
 //! - [`config`] — typed configuration from file, environment and flags.
 //! - [`demo`] — a toy payments API for `idemgate demo`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod idempotency;
+pub mod metrics;
 pub mod store;

@@ -26,8 +26,10 @@ struct GatewayProcess {
 impl GatewayProcess {
     fn start(upstream: &str, store: &str, env: &[(&str, &str)]) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BINARY)
-            .args(["serve", "--listen", &addr.to_string(), "--upstream", upstream, "--store", store])
+            .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin])
+            .args(["--upstream", upstream, "--store", store])
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -356,6 +356,20 @@ pub struct AdminConfig {
     /// A file holding the bearer token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// `"token"` (default) or `"disabled"`: no authentication, allowed only
+    /// when `admin_listen` is a loopback address.
+    pub auth: AdminAuth,
+}
+
+/// Whether the admin API checks a bearer token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminAuth {
+    /// A bearer token is required; without one configured, `/admin/` is off.
+    #[default]
+    Token,
+    /// No authentication (loopback only).
+    Disabled,
 }
 
 /// The outbox relay.
@@ -501,6 +515,12 @@ impl Config {
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return invalid("tls needs both cert_file and key_file, or neither".into());
+        }
+        if self.admin.auth == AdminAuth::Disabled && !self.admin_listen.ip().is_loopback() {
+            return invalid(format!(
+                "admin.auth = \"disabled\" is only allowed on a loopback admin_listen, not {}",
+                self.admin_listen
+            ));
         }
         if g.max_connections == 0 {
             return invalid("gateway.max_connections must be at least 1".into());
