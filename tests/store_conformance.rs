@@ -213,13 +213,22 @@ async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(stor
     let old = acquire(&*store, &key, &fp, SHORT).await;
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(store.get(&key).await.unwrap(), None, "an expired lease is the same as no record");
-    // `took_over` is not asserted: both backends drop an expired record
-    // before looking at it, so a takeover reads as a fresh start.
-    let new = acquire(&*store, &key, &fp, LEASE).await;
+    let fence = Fence::random();
+    let begin = store.try_begin(&key, &fp, fence, LEASE).await.unwrap();
+    assert_eq!(begin, Begin::Acquired { took_over: true }, "the same request after a lapsed lease is a takeover");
     assert!(!store.complete(&key, old, Some(&awkward_response()), TTL).await.unwrap(), "old complete");
     assert!(!store.release(&key, old).await.unwrap(), "old release");
     assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
-    assert!(store.complete(&key, new, None, TTL).await.unwrap(), "the new attempt completes");
+    assert!(store.complete(&key, fence, None, TTL).await.unwrap(), "the new attempt completes");
+}
+
+async fn another_request_after_a_lapsed_lease_starts_afresh<S: Store>(store: Arc<S>) {
+    let (key, fp) = (fresh_key(), fresh_fingerprint());
+    let old = acquire(&*store, &key, &fp, SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let begin = store.try_begin(&key, &fresh_fingerprint(), Fence::random(), LEASE).await.unwrap();
+    assert_eq!(begin, Begin::Acquired { took_over: false }, "a lapsed record is no record for another request");
+    assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
 }
 
 async fn renew_extends_a_live_lease<S: Store>(store: Arc<S>) {
@@ -365,6 +374,7 @@ conformance_suite! {
     release_with_the_right_fence_deletes_and_the_next_begin_acquires,
     a_stale_fence_cannot_complete_after_release_and_reacquire,
     an_expired_lease_is_taken_over_and_the_old_fence_is_dead,
+    another_request_after_a_lapsed_lease_starts_afresh,
     renew_extends_a_live_lease,
     a_completed_record_expires_after_its_ttl,
     get_reports_no_record_then_the_record_as_it_stands,

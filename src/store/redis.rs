@@ -1,10 +1,12 @@
 //! Redis and Redis Cluster backend.
 //!
 //! A record is one hash at `<prefix>{<hex of the scoped key>}`: `st` (`i`
-//! in flight, `c` completed), `fp` (fingerprint), `fence`, and `resp` (the
-//! encoded response, absent when it was too large to keep). The key's Redis
-//! TTL *is* the lease while in flight and the retention once completed, so
-//! Redis expires records by itself and a lapsed lease is simply no record.
+//! in flight, `c` completed), `fp` (fingerprint), `fence`, `until` (lease
+//! end, ms, by Redis's clock) and `resp` (the encoded response, absent when
+//! it was too large to keep). Redis expires records by itself: a completed
+//! record `ttl` after completion, an in-flight one two lease lengths after
+//! its last renewal (past `until` it already counts as absent; the second
+//! length only lets a same-fingerprint begin be reported as a takeover).
 //!
 //! Each transition is one Lua script over that one key, so it is atomic and
 //! costs one round trip; the replay path is a single `EVALSHA`. The key is
@@ -27,42 +29,73 @@ use super::{Begin, Store, StoreError, codec, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 
+// Every script reads the clock of Redis itself (`TIME`), so gateways with
+// skewed clocks agree on leases. An in-flight record keeps its lease end in
+// `until` and lives for two lease lengths: after `until` it counts as absent
+// for every purpose, but a begin with the same fingerprint within that
+// second lease length is recognised (and counted) as a takeover.
+const NOW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+// KEYS[1]; ARGV: fingerprint, fence, lease ms.
 const BEGIN: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
+local took = false
+if r[1] == 'i' and tonumber(r[5]) <= now then
+  took = (r[2] == ARGV[1])
+  r[1] = false
+end
 if not r[1] then
-  redis.call('HSET', KEYS[1], 'st', 'i', 'fp', ARGV[1], 'fence', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  local lease = tonumber(ARGV[3])
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'st', 'i', 'fp', ARGV[1], 'fence', ARGV[2], 'until', now + lease)
+  redis.call('PEXPIRE', KEYS[1], 2 * lease)
+  if took then return 'taken_over' end
   return 'acquired'
 end
-return {r[1], r[2], r[3] or '', r[4] or false, redis.call('PTTL', KEYS[1])}
+local remaining = 0
+if r[1] == 'i' then remaining = tonumber(r[5]) - now end
+return {r[1], r[2], r[3] or '', r[4] or false, remaining}
 ";
 
 const GET: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
 if not r[1] then return false end
-return {r[1], r[2], r[3] or '', r[4] or false, redis.call('PTTL', KEYS[1])}
+local remaining = 0
+if r[1] == 'i' then
+  remaining = tonumber(r[5]) - now
+  if remaining <= 0 then return false end
+end
+return {r[1], r[2], r[3] or '', r[4] or false, remaining}
 ";
 
-// The fenced transitions share one guard: the record is in flight under ARGV[1].
+// The fenced transitions share one guard: the record is in flight under
+// ARGV[1] and its lease has not run out.
+const HELD: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fence', 'until')
+if r[1] ~= 'i' or r[2] ~= ARGV[1] or tonumber(r[3]) <= now then return 0 end
+";
+
+// ARGV: fence, lease ms.
 const RENEW: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'until', now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return 1
 ";
 
+// ARGV: fence, ttl ms, has response ('1'/'0'), encoded response.
 const COMPLETE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'c')
+redis.call('HDEL', KEYS[1], 'until')
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
+// ARGV: fence.
 const RELEASE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 ";
@@ -136,11 +169,11 @@ impl RedisStore {
         Ok(Self {
             connection,
             scripts: Scripts {
-                begin: Script::new(BEGIN),
-                get: Script::new(GET),
-                renew: Script::new(RENEW),
-                complete: Script::new(COMPLETE),
-                release: Script::new(RELEASE),
+                begin: Script::new(&[NOW, BEGIN].concat()),
+                get: Script::new(&[NOW, GET].concat()),
+                renew: Script::new(&[NOW, HELD, RENEW].concat()),
+                complete: Script::new(&[NOW, HELD, COMPLETE].concat()),
+                release: Script::new(&[NOW, HELD, RELEASE].concat()),
             },
             prefix,
             timeout,
@@ -224,6 +257,8 @@ impl Store for RedisStore {
         match self.run::<Value>(invocation).await? {
             Value::SimpleString(s) if s == "acquired" => Ok(Begin::Acquired { took_over: false }),
             Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
+            Value::SimpleString(s) if s == "taken_over" => Ok(Begin::Acquired { took_over: true }),
+            Value::BulkString(s) if s == b"taken_over" => Ok(Begin::Acquired { took_over: true }),
             other => parse_record(other).map(Begin::Existing),
         }
     }
