@@ -490,7 +490,7 @@ impl Config {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         let g = &self.gateway;
         let mut warnings = Vec::new();
-        if !["memory", "redis", "rediss", "redis+cluster", "postgres", "postgresql"]
+        if !["memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "postgres", "postgresql"]
             .contains(&self.store.scheme().as_str())
         {
             return invalid(format!(

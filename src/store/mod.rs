@@ -117,7 +117,9 @@ impl AnyStore {
         let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
         match scheme.as_str() {
             "memory" => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
-            "redis" | "rediss" | "redis+cluster" => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?))),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?)))
+            }
             other => Err(StoreError::InvalidUrl(format!("unsupported scheme {other:?}"))),
         }
     }

@@ -13,17 +13,17 @@
 //! hash-tagged (`{…}`) so that any future second key of the same record
 //! lands in the same Cluster slot.
 //!
-//! URLs: `redis://host:port/db`, `rediss://…` (TLS needs a rustls build of
-//! the redis crate: not compiled in yet), and
-//! `redis+cluster://host1:port1,host2:port2`. Options in the query:
-//! `prefix=` (default `idemgate:`), `timeout=` per operation
-//! (default `2s`).
+//! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
+//! `redis+cluster://host1:port1,host2:port2` and `rediss+cluster://…`.
+//! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
+//! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
+//! CAs instead of the bundled Mozilla roots).
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, Script, Value};
+use redis::{FromRedisValue, RedisResult, Script, TlsCertificates, Value};
 
 use super::{Begin, Store, StoreError, codec, url_options};
 use crate::config::ConfigDuration;
@@ -125,40 +125,56 @@ pub struct RedisStore {
 impl RedisStore {
     /// Connects to the server or cluster a URL names.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let base = url.split_once('?').map_or(url, |(base, _)| base);
         let mut prefix = "idemgate:".to_string();
         let mut timeout = Duration::from_secs(2);
+        let mut certificates = None;
         let mut passthrough = Vec::new();
         for (name, value) in url_options(url) {
             match name {
                 "prefix" if !value.contains(['{', '}']) => prefix = value.to_string(),
                 "prefix" => return Err(StoreError::InvalidUrl("prefix must not contain '{' or '}'".into())),
                 "timeout" => timeout = value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0,
+                "ca_file" => {
+                    let pem = std::fs::read(value)
+                        .map_err(|e| StoreError::InvalidUrl(format!("cannot read ca_file {value}: {e}")))?;
+                    certificates = Some(TlsCertificates { client_tls: None, root_cert: Some(pem) });
+                }
                 _ => passthrough.push(format!("{name}={value}")),
             }
         }
-        let _ = query;
         let suffix = if passthrough.is_empty() { String::new() } else { format!("?{}", passthrough.join("&")) };
         let unavailable = |e: redis::RedisError| StoreError::Unavailable(Box::new(e));
-        let connection = if let Some(nodes) = base.strip_prefix("redis+cluster://") {
-            let (userinfo, hosts) = nodes.rsplit_once('@').map_or(("", nodes), |(u, h)| (u, h));
+        let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
+        let cluster = base.strip_prefix("redis+cluster://").map(|n| ("redis", n));
+        let cluster = cluster.or_else(|| base.strip_prefix("rediss+cluster://").map(|n| ("rediss", n)));
+        let connection = if let Some((scheme, nodes)) = cluster {
+            let (userinfo, hosts) = nodes.rsplit_once('@').unwrap_or(("", nodes));
             let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
-            let hosts = hosts.trim_end_matches('/');
-            let urls: Vec<String> =
-                hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{at}{h}{suffix}")).collect();
+            let urls: Vec<String> = hosts
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{scheme}://{at}{h}{suffix}"))
+                .collect();
             if urls.is_empty() {
-                return Err(StoreError::InvalidUrl("redis+cluster:// needs at least one host:port".into()));
+                return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
             }
-            let client = redis::cluster::ClusterClient::builder(urls)
+            let mut builder = redis::cluster::ClusterClient::builder(urls)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(2)
-                .build()
-                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+                .retries(2);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder.build().map_err(invalid)?;
             Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
         } else {
-            let client =
-                redis::Client::open(format!("{base}{suffix}")).map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+            let url = format!("{base}{suffix}");
+            let client = match certificates {
+                Some(certificates) => redis::Client::build_with_tls(url, certificates).map_err(invalid)?,
+                None => redis::Client::open(url).map_err(invalid)?,
+            };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))
