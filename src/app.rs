@@ -32,7 +32,8 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {
         return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
     }
-    let store = AnyStore::open(config.store.expose())
+    let sealer = config.store_encryption.sealer()?.map(Arc::new);
+    let store = AnyStore::open(config.store.expose(), sealer)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;
     tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");

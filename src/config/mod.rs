@@ -136,6 +136,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The admin API.
     pub admin: AdminConfig,
+    /// Encryption at rest of stored responses in Redis (and Postgres).
+    pub store_encryption: StoreEncryptionConfig,
     /// The outbox relay.
     pub relay: RelayConfig,
     /// Outbox destinations by name.
@@ -153,6 +155,7 @@ impl Default for Config {
             gateway: GatewayConfig::default(),
             routes: Vec::new(),
             admin: AdminConfig::default(),
+            store_encryption: StoreEncryptionConfig::default(),
             relay: RelayConfig::default(),
             destinations: BTreeMap::new(),
         }
@@ -372,6 +375,32 @@ pub enum AdminAuth {
     Disabled,
 }
 
+/// Keys that seal stored responses at rest (see `store::sealing`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreEncryptionConfig {
+    /// `id:hex64,id:hex64,…`, the first one sealing (prefer the env variable
+    /// `IDEMGATE__STORE_ENCRYPTION__KEYS` or `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Secret>,
+    /// A file holding the same list, one key per line or comma-separated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl StoreEncryptionConfig {
+    /// The sealer these settings describe, if any.
+    pub fn sealer(&self) -> Result<Option<crate::store::sealing::Sealer>, String> {
+        let spec = match (&self.keys, &self.key_file) {
+            (Some(keys), _) => keys.expose().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read store_encryption.key_file {}: {e}", path.display()))?,
+            (None, None) => return Ok(None),
+        };
+        crate::store::sealing::Sealer::from_spec(&spec).map(Some).map_err(|e| format!("store_encryption: {e}"))
+    }
+}
+
 /// The outbox relay.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -512,6 +541,9 @@ impl Config {
                 "gateway.upstream_timeout = {} is not shorter than gateway.lease = {}: a slow upstream is then protected only by lease renewal, and a store outage during the call could let a retry run it again",
                 g.upstream_timeout, g.lease
             ));
+        }
+        if self.store_encryption.keys.is_some() {
+            self.store_encryption.sealer().map_err(ConfigError::Invalid)?;
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return invalid("tls needs both cert_file and key_file, or neither".into());

@@ -19,12 +19,14 @@
 //! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
 //! CAs instead of the bundled Mozilla roots).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisResult, Script, TlsCertificates, Value};
 
+use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, codec, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
@@ -116,6 +118,7 @@ struct Scripts {
 
 /// See the module docs.
 pub struct RedisStore {
+    sealer: Option<Arc<Sealer>>,
     connection: Connection,
     scripts: Scripts,
     prefix: String,
@@ -183,6 +186,7 @@ impl RedisStore {
             Connection::Single(ConnectionManager::new_with_config(client, config).await.map_err(unavailable)?)
         };
         Ok(Self {
+            sealer: None,
             connection,
             scripts: Scripts {
                 begin: Script::new(&[NOW, BEGIN].concat()),
@@ -194,6 +198,33 @@ impl RedisStore {
             prefix,
             timeout,
         })
+    }
+
+    /// Seals stored responses with these keys from now on.
+    pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
+        self.sealer = sealer;
+        self
+    }
+
+    /// The stored form of a response: encoded, then sealed if keys are set.
+    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
+        let encoded = codec::encode(response);
+        match &self.sealer {
+            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
+            None => Ok(encoded),
+        }
+    }
+
+    /// Reads a stored response back. Unsealed records written before keys
+    /// were configured still read (they expire within `key_ttl`).
+    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
+        match (&self.sealer, stored.first()) {
+            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
+            (None, Some(&sealing::SEALED)) => {
+                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
+            }
+            _ => codec::decode(stored),
+        }
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
@@ -225,8 +256,12 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Reads the `{st, fp, fence, resp, pttl}` array the scripts return.
-fn parse_record(value: Value) -> Result<Record, StoreError> {
+/// Reads the `{st, fp, fence, resp, remaining}` array the scripts return;
+/// the stored response comes back raw for [`RedisStore::decode`].
+fn parse_record(
+    value: Value,
+    decode: impl FnOnce(Vec<u8>) -> Result<StoredResponse, StoreError>,
+) -> Result<Record, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("redis record: {what}"));
     let Value::Array(fields) = value else {
         return Err(corrupt("not an array"));
@@ -252,7 +287,7 @@ fn parse_record(value: Value) -> Result<Record, StoreError> {
         b"c" => {
             let response = match resp {
                 Value::Nil => None,
-                other => Some(codec::decode(bytes(other)?)?),
+                other => Some(decode(bytes(other)?)?),
             };
             Ok(Record::Completed { fingerprint, response })
         }
@@ -275,7 +310,7 @@ impl Store for RedisStore {
             Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
             Value::SimpleString(s) if s == "taken_over" => Ok(Begin::Acquired { took_over: true }),
             Value::BulkString(s) if s == b"taken_over" => Ok(Begin::Acquired { took_over: true }),
-            other => parse_record(other).map(Begin::Existing),
+            other => parse_record(other, |raw| self.decode(key, raw)).map(Begin::Existing),
         }
     }
 
@@ -295,7 +330,7 @@ impl Store for RedisStore {
         let mut invocation = self.scripts.complete.key(self.redis_key(key));
         invocation.arg(fence.0).arg(millis(ttl));
         match response {
-            Some(response) => invocation.arg("1").arg(codec::encode(response)),
+            Some(response) => invocation.arg("1").arg(self.encode(key, response)?),
             None => invocation.arg("0").arg(""),
         };
         self.run::<i64>(invocation).await.map(|n| n == 1)
@@ -310,7 +345,7 @@ impl Store for RedisStore {
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
         match self.run::<Value>(self.scripts.get.key(self.redis_key(key))).await? {
             Value::Nil => Ok(None),
-            other => parse_record(other).map(Some),
+            other => parse_record(other, |raw| self.decode(key, raw)).map(Some),
         }
     }
 
