@@ -185,6 +185,7 @@ fn openapi_lists_every_problem_type() {
         Problem::Unauthorized,
         Problem::AdminDisabled,
         Problem::NotFound,
+        Problem::MethodNotAllowed("GET"),
         Problem::BadAdminRequest(String::new()),
         Problem::Internal,
     ];
@@ -192,4 +193,16 @@ fn openapi_lists_every_problem_type() {
         let uri = format!("urn:idemgate:problem:{}", problem.slug());
         assert!(spec.contains(&uri), "{uri} missing from openapi.yaml");
     }
+}
+
+#[tokio::test]
+async fn a_known_path_with_another_method_is_405_with_allow() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let reply = gateway.admin("POST", "/readyz").send().await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.headers["allow"], "GET");
+    let reply = gateway.admin("PUT", "/admin/keys/k").send().await;
+    assert_eq!(reply.status, 405, "checked before authentication: the method is wrong either way");
+    assert_eq!(reply.headers["allow"], "GET, DELETE");
 }

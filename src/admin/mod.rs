@@ -64,31 +64,35 @@ impl<S: Store> Admin<S> {
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let path = request.uri().path().to_owned();
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let method = request.method().clone();
-        match (method, segments.as_slice()) {
-            (Method::GET, ["healthz"]) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
-            (Method::GET, ["readyz"]) => self.ready().await,
-            (Method::GET, ["metrics"]) => {
+        let (template, allow) = match segments.as_slice() {
+            ["healthz"] => ("/healthz", "GET"),
+            ["readyz"] => ("/readyz", "GET"),
+            ["metrics"] => ("/metrics", "GET"),
+            ["admin", "keys", key] if !key.is_empty() => ("/admin/keys/{key}", "GET, DELETE"),
+            _ => return Problem::NotFound.to_response(),
+        };
+        if !ROUTES.iter().any(|(method, path)| *path == template && request.method().as_str() == *method) {
+            return Problem::MethodNotAllowed(allow).to_response();
+        }
+        if template.starts_with("/admin/")
+            && let Err(denied) = self.access.check(request.headers())
+        {
+            return match denied {
+                AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
+                AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
+            };
+        }
+        match (template, segments.last().copied().unwrap_or("")) {
+            ("/healthz", _) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
+            ("/readyz", _) => self.ready().await,
+            ("/metrics", _) => {
                 let mut response = Response::new(full(self.gateway.metrics().render()));
                 response
                     .headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
                 response
             }
-            (method, ["admin", rest @ ..]) => {
-                if let Err(denied) = self.access.check(request.headers()) {
-                    return match denied {
-                        AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
-                        AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
-                    };
-                }
-                match (method, rest) {
-                    (Method::GET, ["keys", key]) => self.key(&request, key, false).await,
-                    (Method::DELETE, ["keys", key]) => self.key(&request, key, true).await,
-                    _ => Problem::NotFound.to_response(),
-                }
-            }
-            _ => Problem::NotFound.to_response(),
+            (_, key) => self.key(&request, key, request.method() == Method::DELETE).await,
         }
     }
 

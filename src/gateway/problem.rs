@@ -54,6 +54,8 @@ pub enum Problem {
     AdminDisabled,
     /// Admin API: no such record, row or route.
     NotFound,
+    /// Admin API: the path exists, the method does not (`Allow` lists the methods).
+    MethodNotAllowed(&'static str),
     /// Admin API: a malformed parameter; the text says which.
     BadAdminRequest(String),
     /// An internal failure (a bug): the request was not forwarded, or its
@@ -78,6 +80,7 @@ impl Problem {
             Self::Unauthorized => "unauthorized",
             Self::AdminDisabled => "admin-disabled",
             Self::NotFound => "not-found",
+            Self::MethodNotAllowed(_) => "method-not-allowed",
             Self::BadAdminRequest(_) => "bad-request",
             Self::Internal => "internal",
         }
@@ -99,6 +102,7 @@ impl Problem {
             Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::AdminDisabled => StatusCode::FORBIDDEN,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -119,6 +123,7 @@ impl Problem {
             Self::Unauthorized => "Unauthorized",
             Self::AdminDisabled => "Admin API disabled",
             Self::NotFound => "Not found",
+            Self::MethodNotAllowed(_) => "Method not allowed",
             Self::BadAdminRequest(_) => "Bad request",
             Self::Internal => "Internal gateway error",
         }
@@ -140,6 +145,7 @@ impl Problem {
             Self::Unauthorized => "A valid bearer token is required.".into(),
             Self::AdminDisabled => "The admin API is disabled because no token is configured. Set IDEMGATE__ADMIN__TOKEN or admin.token_file.".into(),
             Self::NotFound => "Nothing exists here.".into(),
+            Self::MethodNotAllowed(allow) => format!("This path accepts {allow}."),
             Self::BadAdminRequest(why) => why.clone(),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
         }
@@ -170,6 +176,9 @@ impl Problem {
         }
         if matches!(self, Self::Unauthorized) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Self::MethodNotAllowed(allow) = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
         }
         response
     }
