@@ -4,16 +4,27 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
+use crate::admin::{Admin, AdminAccess};
 use crate::config::{Config, LogFormat};
 use crate::gateway::Gateway;
 use crate::gateway::server::{self, ServerLimits};
+use crate::metrics::Metrics;
 use crate::store::AnyStore;
 
-/// Opens the store, binds the listener and serves until `shutdown` resolves.
+/// The two listening sockets: client traffic and the admin listener.
+pub struct Listeners {
+    /// Client traffic.
+    pub gateway: TcpListener,
+    /// Health, metrics and the admin API.
+    pub admin: TcpListener,
+}
+
+/// Opens the store, binds both listeners and serves until `shutdown` resolves.
 pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let gateway = build(config).await?;
-    let listener = server::bind(config.listen).await?;
-    serve_on(listener, gateway, config, shutdown).await
+    let listeners =
+        Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
+    serve_on(listeners, gateway, config, shutdown).await
 }
 
 /// `serve --relay`: the gateway and the outbox relay in one process. One
@@ -41,27 +52,42 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {
         return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
     }
-    let store = AnyStore::open(config.store.expose())
+    let sealer = config.store_encryption.sealer()?.map(Arc::new);
+    let store = AnyStore::open(config.store.expose(), sealer)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;
     tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
-    Ok(Arc::new(Gateway::new(config, store)?))
+    Ok(Arc::new(Gateway::new(config, store, Arc::new(Metrics::new()))?))
 }
 
-/// Serves a built gateway on a bound listener (tests bind port 0).
+/// Serves a built gateway on bound listeners (tests bind port 0). The admin
+/// listener stays up until the gateway has drained, so probes and metrics
+/// keep answering during shutdown.
 pub async fn serve_on(
-    listener: TcpListener,
+    listeners: Listeners,
     gateway: Arc<Gateway<AnyStore>>,
     config: &Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
-    let address = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(listen = %address, "idemgate gateway listening");
+    let access = AdminAccess::from_config(&config.admin)?;
+    if matches!(access, AdminAccess::Off) {
+        tracing::warn!("admin API disabled: no admin token configured (IDEMGATE__ADMIN__TOKEN or admin.token_file)");
+    }
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert), Some(key)) => Some(crate::gateway::tls::acceptor(cert, key)?),
         _ => None,
     };
-    server::serve(listener, gateway, limits(config), tls, shutdown).await;
+    let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
+    let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
+    let admin = Arc::new(Admin::new(gateway.clone(), access));
+    let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
+        let _ = admin_stopped.await;
+    }));
+    server::serve(listeners.gateway, gateway, limits(config), tls, shutdown).await;
+    let _ = stop_admin.send(());
+    let _ = admin_task.await;
     Ok(())
 }
 

@@ -9,6 +9,9 @@
 //! - [`gateway`] — the reverse proxy: routing, the idempotency guard as a
 //!   tower service, forwarding to upstreams, RFC 9457 problem responses, and
 //!   the listener.
+//! - [`admin`] — the admin listener: health, readiness, metrics, and the
+//!   bearer-protected admin API.
+//! - [`metrics`] — the Prometheus metric set.
 //! - [`outbox`] — the transactional outbox relay on Postgres: migrations,
 //!   the enqueue helper, claiming with leases and fences, publishers, retry.
 //! - [`config`] — typed configuration from file, environment and flags.
@@ -17,10 +20,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod idempotency;
+pub mod metrics;
 pub mod outbox;
 pub mod store;

@@ -400,3 +400,24 @@ async fn shutdown_finishes_the_running_request_and_returns_ok() {
     assert_eq!(reply.status, 201, "the in-flight request was finished, not cut off");
     assert_eq!(upstream.count_for("k-drain"), 1);
 }
+
+#[tokio::test]
+async fn responses_are_sealed_at_rest_in_redis_when_keys_are_configured() {
+    let upstream = Upstream::start().await;
+    let prefix = unique_prefix();
+    let mut config = config(&upstream.url(), &format!("{}?prefix={prefix}", shared_redis_url()));
+    config.store_encryption.keys =
+        Some(idemgate::config::Secret::new("k1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"));
+    let gateway = TestGateway::start(config).await;
+    let first = gateway.post("/charge").key("sealed").json(CHARGE).send().await;
+    assert!(gateway.post("/charge").key("sealed").json(CHARGE).send().await.replayed());
+
+    let client = redis::Client::open(shared_redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut redis).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    let raw: Vec<u8> = redis::cmd("HGET").arg(&keys[0]).arg("resp").query_async(&mut redis).await.unwrap();
+    assert!(!raw.is_empty());
+    assert!(!raw.windows(first.body.len()).any(|w| w == &first.body[..]), "the body is not stored in clear");
+    assert!(!raw.windows(16).any(|w| w == b"application/json"), "nor are the headers");
+}

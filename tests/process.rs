@@ -21,16 +21,23 @@ fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
 struct GatewayProcess {
     child: Child,
     addr: SocketAddr,
+    admin: SocketAddr,
 }
 
 impl GatewayProcess {
     fn start(upstream: &str, store: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_logging_to(upstream, store, env, Stdio::null())
+    }
+
+    fn start_logging_to(upstream: &str, store: &str, env: &[(&str, &str)], log: impl Into<Stdio>) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let child = Command::new(BINARY)
-            .args(["serve", "--listen", &addr.to_string(), "--upstream", upstream, "--store", store])
+            .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
+            .args(["--upstream", upstream, "--store", store])
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start idemgate serve");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -38,7 +45,17 @@ impl GatewayProcess {
             assert!(Instant::now() < deadline, "idemgate did not listen on {addr}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self { child, addr }
+        Self { child, addr, admin }
+    }
+
+    async fn metrics(&self) -> String {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let request = http::Request::get(format!("http://{}/metrics", self.admin))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let response = client.request(request).await.expect("admin answered");
+        let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
+        String::from_utf8_lossy(&body).into_owned()
     }
 
     async fn charge(&self, path: &str, key: &str) -> Reply {
@@ -124,6 +141,7 @@ async fn a_killed_gateways_key_is_taken_over_after_its_lease_by_another_gateway(
     assert_eq!(reply.status, 201, "the key is taken over once the lease ends");
     assert_eq!(upstream.count_for("k-crash"), 2, "both executions carried the same key upstream");
     assert!(second.charge("/slow?ms=800", "k-crash").await.replayed());
+    assert!(second.metrics().await.contains("idemgate_lease_takeovers_total 1"), "the takeover is counted");
 }
 
 #[tokio::test]
@@ -140,4 +158,42 @@ async fn sigterm_finishes_the_running_request_and_exits_0() {
     assert_eq!(reply.status, 201, "the in-flight request completed during shutdown");
     let status = tokio::task::spawn_blocking(move || gateway.child.wait().unwrap()).await.unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// Logs carry route, outcome, hashed key and latency — and never the
+/// credential, the raw key or a body.
+#[tokio::test]
+async fn logs_never_contain_credentials_raw_keys_or_bodies() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("idemgate-logs-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log_path = dir.join("gateway.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut gateway =
+        GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("IDEMGATE__LOG__FORMAT", "json")], log);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    for body in [&b"{\"card\":\"card-number-4242\"}"[..], &b"{\"card\":\"card-number-4343\"}"[..]] {
+        let request = http::Request::post(format!("http://{}/charge", gateway.addr))
+            .header("authorization", "Bearer super-secret-credential")
+            .header("idempotency-key", "raw-key-visible-xyz")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
+            .unwrap();
+        client.request(request).await.unwrap();
+    }
+    let pid = gateway.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let _ = tokio::task::spawn_blocking(move || gateway.child.wait()).await.unwrap();
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    for secret in ["super-secret-credential", "raw-key-visible-xyz", "card-number"] {
+        assert!(!logs.contains(secret), "{secret} leaked into the logs:\n{logs}");
+    }
+    let lines: Vec<serde_json::Value> = logs.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let outcomes: Vec<&str> = lines.iter().filter_map(|l| l["fields"]["outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["forwarded", "mismatch"], "{logs}");
+    let first = lines.iter().find(|l| l["fields"]["outcome"] == "forwarded").unwrap();
+    assert_eq!(first["fields"]["key"].as_str().unwrap().len(), 16, "a hash prefix, not the key");
+    assert!(first["fields"]["latency_us"].is_u64());
+    assert_eq!(first["fields"]["route"], "default");
 }

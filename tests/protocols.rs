@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::gateway::{TestGateway, config};
+use support::redis_server::{RedisProcess, unique_prefix};
 use support::upstream::Upstream;
 
 /// A self-signed certificate for 127.0.0.1 and localhost, made at test time.
@@ -103,4 +104,17 @@ async fn clients_may_speak_h2c_with_prior_knowledge() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), 201);
     assert_eq!(upstream.last_headers()["x-forwarded-proto"], "http");
+}
+
+#[tokio::test]
+async fn the_store_may_be_redis_over_tls_with_a_private_ca() {
+    let cert = TestCert::new();
+    let redis = RedisProcess::start_tls(&cert.cert, &cert.key);
+    let upstream = Upstream::start().await;
+    let store = format!("{}?prefix={}&ca_file={}", redis.tls_url(), unique_prefix(), cert.cert.display());
+    let gateway = TestGateway::start(config(&upstream.url(), &store)).await;
+    let first = gateway.post("/charge").key("rediss").json("{}").send().await;
+    assert_eq!(first.status, 201);
+    assert!(gateway.post("/charge").key("rediss").json("{}").send().await.replayed());
+    assert_eq!(upstream.total(), 1);
 }

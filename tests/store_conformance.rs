@@ -26,6 +26,7 @@ use idemgate::idempotency::{Decision, Fence, Fingerprint, Record, ScopedKey, Sto
 use idemgate::store::memory::MemoryStore;
 use idemgate::store::postgres::PostgresStore;
 use idemgate::store::redis::RedisStore;
+use idemgate::store::sealing::Sealer;
 use idemgate::store::{Begin, Store, StoreError};
 use support::postgres::TestSchema;
 use support::redis_server::{RedisCluster, RedisProcess, shared_redis_url, unique_prefix, with_option};
@@ -217,13 +218,22 @@ async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(stor
     let old = acquire(&*store, &key, &fp, SHORT).await;
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(store.get(&key).await.unwrap(), None, "an expired lease is the same as no record");
-    // `took_over` is not asserted: both backends drop an expired record
-    // before looking at it, so a takeover reads as a fresh start.
-    let new = acquire(&*store, &key, &fp, LEASE).await;
+    let fence = Fence::random();
+    let begin = store.try_begin(&key, &fp, fence, LEASE).await.unwrap();
+    assert_eq!(begin, Begin::Acquired { took_over: true }, "the same request after a lapsed lease is a takeover");
     assert!(!store.complete(&key, old, Some(&awkward_response()), TTL).await.unwrap(), "old complete");
     assert!(!store.release(&key, old).await.unwrap(), "old release");
     assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
-    assert!(store.complete(&key, new, None, TTL).await.unwrap(), "the new attempt completes");
+    assert!(store.complete(&key, fence, None, TTL).await.unwrap(), "the new attempt completes");
+}
+
+async fn another_request_after_a_lapsed_lease_starts_afresh<S: Store>(store: Arc<S>) {
+    let (key, fp) = (fresh_key(), fresh_fingerprint());
+    let old = acquire(&*store, &key, &fp, SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let begin = store.try_begin(&key, &fresh_fingerprint(), Fence::random(), LEASE).await.unwrap();
+    assert_eq!(begin, Begin::Acquired { took_over: false }, "a lapsed record is no record for another request");
+    assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
 }
 
 async fn renew_extends_a_live_lease<S: Store>(store: Arc<S>) {
@@ -354,11 +364,14 @@ macro_rules! conformance_suite {
             use super::*;
 
             /// One cluster for all cases: starting one costs about a second.
+            /// Its store seals responses at rest, so sealing meets every case too.
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn every_case_passes() {
+            async fn every_case_passes_with_sealed_responses() {
                 let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("start the cluster");
                 let url = cluster.url();
-                let store = Arc::new(RedisStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}")));
+                let sealer = Sealer::from_spec(SEALING_KEYS).expect("test keys");
+                let store = RedisStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+                let store = Arc::new(store.sealed(Some(Arc::new(sealer))));
                 $(
                     eprintln!("case {}", stringify!($case));
                     super::$case(store.clone()).await;
@@ -382,6 +395,7 @@ conformance_suite! {
     release_with_the_right_fence_deletes_and_the_next_begin_acquires,
     a_stale_fence_cannot_complete_after_release_and_reacquire,
     an_expired_lease_is_taken_over_and_the_old_fence_is_dead,
+    another_request_after_a_lapsed_lease_starts_afresh,
     renew_extends_a_live_lease,
     a_completed_record_expires_after_its_ttl,
     get_reports_no_record_then_the_record_as_it_stands,
@@ -389,6 +403,8 @@ conformance_suite! {
     exactly_one_of_many_concurrent_begins_acquires,
     ping_answers,
 }
+
+const SEALING_KEYS: &str = "test:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
 /// A store on the shared Redis whose keys no other test sees.
 async fn shared_redis_store() -> Arc<RedisStore> {
@@ -432,4 +448,22 @@ async fn a_redis_store_reports_an_outage_within_its_timeout_and_recovers() {
     let fence = acquire(&store, &key, &fp, LEASE).await;
     assert!(store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
+}
+
+/// With encryption keys, the Postgres store keeps responses sealed at rest
+/// (the cluster run covers sealing against every case; this looks at the row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_store_with_keys_keeps_responses_sealed_at_rest() {
+    let schema = TestSchema::create().await;
+    let sealer = Arc::new(Sealer::from_spec(SEALING_KEYS).expect("test keys"));
+    let store = PostgresStore::open(&schema.store_url()).await.expect("open").sealed(Some(sealer));
+    let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
+    let fence = acquire(&store, &key, &fp, LEASE).await;
+    assert!(store.complete(&key, fence, Some(&response), TTL).await.unwrap());
+    let client = schema.connect().await;
+    let sql = schema.sql("SELECT response FROM idemgate.gateway_keys WHERE key = $1");
+    let stored: Vec<u8> = client.query_one(&sql, &[&&key.as_bytes()[..]]).await.unwrap().get(0);
+    assert_eq!(stored[0], idemgate::store::sealing::SEALED);
+    assert!(!stored.windows(16).any(|w| w == &response.body[..16]), "the body is not in the clear");
+    assert_eq!(existing(&store, &key, &fp).await, Record::Completed { fingerprint: fp, response: Some(response) });
 }

@@ -138,6 +138,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The admin API.
     pub admin: AdminConfig,
+    /// Encryption at rest of stored responses in Redis (and Postgres).
+    pub store_encryption: StoreEncryptionConfig,
     /// The outbox relay.
     pub relay: RelayConfig,
     /// Outbox destinations by name.
@@ -155,6 +157,7 @@ impl Default for Config {
             gateway: GatewayConfig::default(),
             routes: Vec::new(),
             admin: AdminConfig::default(),
+            store_encryption: StoreEncryptionConfig::default(),
             relay: RelayConfig::default(),
             destinations: BTreeMap::new(),
         }
@@ -358,6 +361,46 @@ pub struct AdminConfig {
     /// A file holding the bearer token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// `"token"` (default) or `"disabled"`: no authentication, allowed only
+    /// when `admin_listen` is a loopback address.
+    pub auth: AdminAuth,
+}
+
+/// Whether the admin API checks a bearer token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminAuth {
+    /// A bearer token is required; without one configured, `/admin/` is off.
+    #[default]
+    Token,
+    /// No authentication (loopback only).
+    Disabled,
+}
+
+/// Keys that seal stored responses at rest (see `store::sealing`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreEncryptionConfig {
+    /// `id:hex64,id:hex64,…`, the first one sealing (prefer the env variable
+    /// `IDEMGATE__STORE_ENCRYPTION__KEYS` or `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Secret>,
+    /// A file holding the same list, one key per line or comma-separated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl StoreEncryptionConfig {
+    /// The sealer these settings describe, if any.
+    pub fn sealer(&self) -> Result<Option<crate::store::sealing::Sealer>, String> {
+        let spec = match (&self.keys, &self.key_file) {
+            (Some(keys), _) => keys.expose().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read store_encryption.key_file {}: {e}", path.display()))?,
+            (None, None) => return Ok(None),
+        };
+        crate::store::sealing::Sealer::from_spec(&spec).map(Some).map_err(|e| format!("store_encryption: {e}"))
+    }
 }
 
 /// Values from command-line flags, applied last.
@@ -439,7 +482,7 @@ impl Config {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         let g = &self.gateway;
         let mut warnings = Vec::new();
-        if !["memory", "redis", "rediss", "redis+cluster", "postgres", "postgresql"]
+        if !["memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "postgres", "postgresql"]
             .contains(&self.store.scheme().as_str())
         {
             return invalid(format!(
@@ -462,8 +505,17 @@ impl Config {
                 g.upstream_timeout, g.lease
             ));
         }
+        if self.store_encryption.keys.is_some() {
+            self.store_encryption.sealer().map_err(ConfigError::Invalid)?;
+        }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return invalid("tls needs both cert_file and key_file, or neither".into());
+        }
+        if self.admin.auth == AdminAuth::Disabled && !self.admin_listen.ip().is_loopback() {
+            return invalid(format!(
+                "admin.auth = \"disabled\" is only allowed on a loopback admin_listen, not {}",
+                self.admin_listen
+            ));
         }
         if g.max_connections == 0 {
             return invalid("gateway.max_connections must be at least 1".into());

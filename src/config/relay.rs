@@ -239,6 +239,19 @@ mod tests {
         assert!(printed.contains("authorization") && !printed.contains("s3cret"), "{printed}");
     }
 
+    /// The relay reference in the README must stay loadable.
+    #[test]
+    fn the_readme_relay_reference_loads() {
+        let readme = include_str!("../../README.md");
+        let section = &readme[readme.find("## The outbox relay").expect("an outbox section")..];
+        let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &section[start..start + section[start..].find("```").expect("closed block")];
+        let config: crate::config::Config = toml::from_str(block).unwrap();
+        let warnings = config.validate().unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(config.destinations["email"].retry_policy().max, Duration::from_secs(600));
+    }
+
     #[test]
     fn a_relay_database_must_be_postgres() {
         let relay = RelayConfig { database_url: Some(ServiceUrl::new("redis://x")), ..Default::default() };

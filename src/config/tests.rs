@@ -114,3 +114,15 @@ fn secrets_never_print() {
     assert_eq!(config.admin.token.as_ref().unwrap().expose(), "s3cret-token");
     assert_eq!(config.store.redacted(), "redis://:[redacted]@127.0.0.1:6379/0");
 }
+
+/// The configuration reference in the README must stay loadable.
+#[test]
+fn the_readme_configuration_reference_loads() {
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("## Configuration").expect("a Configuration section")..];
+    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    let block = &section[start..start + section[start..].find("```").expect("closed block")];
+    let config = load(block, &[], &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].name, "payments");
+    assert_eq!(config.gateway.release_statuses, crate::idempotency::StatusPolicy::default().release);
+}

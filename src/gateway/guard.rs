@@ -61,10 +61,11 @@ pub(super) async fn run<S: Store>(
     let wait_until = Instant::now() + policy.wait_timeout;
     let mut pause = Duration::from_millis(10);
     loop {
-        let begin = gateway.bounded(gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
+        let begin = gateway.bounded("begin", gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
         let record = match begin {
             Ok(Begin::Acquired { took_over }) => {
                 if took_over {
+                    gateway.metrics.lease_takeovers.inc();
                     tracing::info!(key = hashed.as_deref(), "took over an expired lease");
                 }
                 let attempt = Attempt { gateway: gateway.clone(), route: route.clone(), scoped, fence, client };
@@ -194,6 +195,7 @@ impl<S: Store> Attempt<S> {
         let timeout = self.gateway.policy.upstream_timeout;
         let cap = self.gateway.policy.max_stored_response;
         let mut status = None;
+        let sent = Instant::now();
         let call = async {
             let response = self.route.upstream.send(request, timeout).await?;
             let (mut head, mut body) = response.into_parts();
@@ -211,7 +213,13 @@ impl<S: Store> Attempt<S> {
             }
             Ok(Buffered { head, prefix: prefix.freeze(), rest: None })
         };
-        match tokio::time::timeout(timeout, call).await {
+        let result = tokio::time::timeout(timeout, call).await;
+        self.gateway
+            .metrics
+            .upstream_latency
+            .with_label_values(&[self.route.name.as_str()])
+            .observe(sent.elapsed().as_secs_f64());
+        match result {
             Ok(Ok(buffered)) => Forward::Answered(buffered),
             Ok(Err(error)) => Forward::Failed { status, error },
             Err(_) => Forward::Failed { status, error: UpstreamError::TimedOut(timeout) },
@@ -226,13 +234,14 @@ impl<S: Store> Attempt<S> {
         loop {
             let renew = async {
                 tokio::time::sleep(lease / 3).await;
-                self.gateway.bounded(self.gateway.store.renew(&self.scoped, self.fence, lease)).await
+                self.gateway.bounded("renew", self.gateway.store.renew(&self.scoped, self.fence, lease)).await
             };
             tokio::select! {
                 output = &mut work => return output,
                 renewed = renew, if held => match renewed {
                     Ok(true) => {}
                     Ok(false) => {
+                        self.gateway.metrics.fence_rejections.with_label_values(&["renew"]).inc();
                         // Fenced out: another attempt owns the key now. Finish
                         // for our client; our complete/release will be refused.
                         tracing::warn!(route = %self.route.name, "lease lost while the upstream call was running");
@@ -254,19 +263,19 @@ impl<S: Store> Attempt<S> {
             let result = match &settle {
                 Settle::Complete(response) => {
                     gateway
-                        .bounded(gateway.store.complete(
-                            &self.scoped,
-                            self.fence,
-                            response.as_ref(),
-                            gateway.policy.key_ttl,
-                        ))
+                        .bounded(
+                            "complete",
+                            gateway.store.complete(&self.scoped, self.fence, response.as_ref(), gateway.policy.key_ttl),
+                        )
                         .await
                 }
-                Settle::Release => gateway.bounded(gateway.store.release(&self.scoped, self.fence)).await,
+                Settle::Release => gateway.bounded("release", gateway.store.release(&self.scoped, self.fence)).await,
             };
             match result {
                 Ok(true) => return,
                 Ok(false) => {
+                    let operation = if matches!(settle, Settle::Release) { "release" } else { "complete" };
+                    gateway.metrics.fence_rejections.with_label_values(&[operation]).inc();
                     tracing::warn!(route = %self.route.name, "fenced out: the record belongs to a newer attempt; not settled");
                     return;
                 }

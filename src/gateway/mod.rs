@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
 use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, TenantSource};
+use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use body::{ResponseBody, boxed};
 use problem::Problem;
@@ -128,11 +129,12 @@ pub struct Gateway<S> {
     tenant: TenantSource,
     fingerprint: FingerprintPolicy,
     tasks: TaskTracker,
+    metrics: Arc<Metrics>,
 }
 
 impl<S: Store> Gateway<S> {
     /// Builds the gateway from a validated config.
-    pub fn new(config: &Config, store: S) -> Result<Self, String> {
+    pub fn new(config: &Config, store: S, metrics: Arc<Metrics>) -> Result<Self, String> {
         let g = &config.gateway;
         let header = |name: &String| HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"));
         let routes = RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() })?;
@@ -163,12 +165,23 @@ impl<S: Store> Gateway<S> {
                 canonical_json: g.canonical_json,
             },
             tasks: TaskTracker::new(),
+            metrics,
         })
     }
 
     /// The store (admin API, readiness).
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The metrics this gateway records.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The tenant source (admin API scopes keys the same way).
+    pub fn tenant_source(&self) -> &TenantSource {
+        &self.tenant
     }
 
     /// Upstream attempts still running (they settle their records before ending).
@@ -218,7 +231,10 @@ impl<S: Store> Gateway<S> {
                 return Problem::NoRoute.to_response();
             }
         };
-        match route.upstream.send(request, self.policy.upstream_timeout).await {
+        let sent = Instant::now();
+        let result = route.upstream.send(request, self.policy.upstream_timeout).await;
+        self.metrics.upstream_latency.with_label_values(&[route.name.as_str()]).observe(sent.elapsed().as_secs_f64());
+        match result {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);
@@ -232,9 +248,20 @@ impl<S: Store> Gateway<S> {
         }
     }
 
-    /// Runs a store operation under the store timeout.
-    async fn bounded<T>(&self, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-        tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout))
+    /// Runs a store operation under the store timeout, and measures it.
+    async fn bounded<T>(
+        &self,
+        name: &'static str,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result =
+            tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout));
+        self.metrics.store_latency.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            self.metrics.store_errors.with_label_values(&[name]).inc();
+        }
+        result
     }
 
     fn log(
@@ -245,9 +272,11 @@ impl<S: Store> Gateway<S> {
         started: Instant,
         response: Response<ResponseBody>,
     ) -> Response<ResponseBody> {
+        let route = route.map_or("-", |r| r.name.as_str());
+        self.metrics.requests.with_label_values(&[route, outcome.as_str()]).inc();
         // Only the scoped hash of a key is ever logged, never the key itself.
         tracing::info!(
-            route = route.map_or("-", |r| r.name.as_str()),
+            route,
             outcome = outcome.as_str(),
             status = response.status().as_u16(),
             key = scoped.as_deref().unwrap_or("-"),

@@ -48,6 +48,16 @@ pub enum Problem {
     ResponseNotReplayable,
     /// No route matches the request path.
     NoRoute,
+    /// Admin API: no or wrong bearer token.
+    Unauthorized,
+    /// Admin API: no token is configured, so the API is off.
+    AdminDisabled,
+    /// Admin API: no such record, row or route.
+    NotFound,
+    /// Admin API: the path exists, the method does not (`Allow` lists the methods).
+    MethodNotAllowed(&'static str),
+    /// Admin API: a malformed parameter; the text says which.
+    BadAdminRequest(String),
     /// An internal failure (a bug): the request was not forwarded, or its
     /// outcome is unknown.
     Internal,
@@ -67,6 +77,11 @@ impl Problem {
             Self::UpstreamUnavailable { .. } => "upstream-unavailable",
             Self::ResponseNotReplayable => "response-not-replayable",
             Self::NoRoute => "no-route",
+            Self::Unauthorized => "unauthorized",
+            Self::AdminDisabled => "admin-disabled",
+            Self::NotFound => "not-found",
+            Self::MethodNotAllowed(_) => "method-not-allowed",
+            Self::BadAdminRequest(_) => "bad-request",
             Self::Internal => "internal",
         }
     }
@@ -84,7 +99,11 @@ impl Problem {
             // Not 409 or 5xx: clients must not retry it automatically, since
             // the upstream did act and a retry can never get the response.
             Self::ResponseNotReplayable => StatusCode::GONE,
-            Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::AdminDisabled => StatusCode::FORBIDDEN,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -101,6 +120,11 @@ impl Problem {
             Self::UpstreamUnavailable { .. } => "Upstream unavailable",
             Self::ResponseNotReplayable => "Response not replayable",
             Self::NoRoute => "No route",
+            Self::Unauthorized => "Unauthorized",
+            Self::AdminDisabled => "Admin API disabled",
+            Self::NotFound => "Not found",
+            Self::MethodNotAllowed(_) => "Method not allowed",
+            Self::BadAdminRequest(_) => "Bad request",
             Self::Internal => "Internal gateway error",
         }
     }
@@ -118,6 +142,11 @@ impl Problem {
             Self::UpstreamUnavailable { timed_out: false } => "The upstream could not be reached or closed the connection. The key was released; retrying with the same key runs the request again.".into(),
             Self::ResponseNotReplayable => "The request with this key was executed, but its response was larger than the stored-response limit and cannot be replayed. It will not be executed again.".into(),
             Self::NoRoute => "No route is configured for this path.".into(),
+            Self::Unauthorized => "A valid bearer token is required.".into(),
+            Self::AdminDisabled => "The admin API is disabled because no token is configured. Set IDEMGATE__ADMIN__TOKEN or admin.token_file.".into(),
+            Self::NotFound => "Nothing exists here.".into(),
+            Self::MethodNotAllowed(allow) => format!("This path accepts {allow}."),
+            Self::BadAdminRequest(why) => why.clone(),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
         }
     }
@@ -144,6 +173,12 @@ impl Problem {
         };
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if matches!(self, Self::Unauthorized) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Self::MethodNotAllowed(allow) = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
         }
         response
     }

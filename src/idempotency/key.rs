@@ -72,6 +72,20 @@ impl IdempotencyKey {
         Ok(Self(key))
     }
 
+    /// Validates an already-decoded key (admin API): length and printable ASCII only.
+    pub fn new(key: &str) -> Result<Self, KeyError> {
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong);
+        }
+        if !key.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(KeyError::NotPrintableAscii);
+        }
+        Ok(Self(key.to_owned()))
+    }
+
     /// The key's characters.
     pub fn as_str(&self) -> &str {
         &self.0

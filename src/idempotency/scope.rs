@@ -50,6 +50,24 @@ impl TenantSource {
     }
 }
 
+impl TenantSource {
+    /// The tenant for the value this source reads (the admin API's
+    /// `tenant` parameter): the full `Authorization` value, the tenant
+    /// header's value, or nothing for a fixed tenant.
+    pub fn tenant_from_value(&self, value: Option<&str>) -> Tenant {
+        let mut headers = HeaderMap::new();
+        let name = match self {
+            Self::Authorization => AUTHORIZATION,
+            Self::Header(name) => name.clone(),
+            Self::Fixed(_) => return self.tenant_of(&headers),
+        };
+        if let Some(value) = value.and_then(|v| http::HeaderValue::from_str(v).ok()) {
+            headers.insert(name, value);
+        }
+        self.tenant_of(&headers)
+    }
+}
+
 impl Tenant {
     /// A tenant given directly (admin API, tests).
     pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Self {

@@ -80,12 +80,10 @@ impl Entry {
 }
 
 impl Shard {
-    /// The live entry for `key`, dropping it first if it has expired.
+    /// The live entry for `key`. Expired entries stay until swept or
+    /// overwritten, so a lapsed attempt can still be recognised as such.
     fn live(&mut self, key: &ScopedKey, now: Instant) -> Option<&mut Entry> {
-        if self.map.get(key).is_some_and(|e| e.expires_at <= now) {
-            self.remove(key);
-        }
-        self.map.get_mut(key)
+        self.map.get_mut(key).filter(|e| e.expires_at > now)
     }
 
     fn remove(&mut self, key: &ScopedKey) -> Option<Entry> {
@@ -183,13 +181,17 @@ impl Store for MemoryStore {
     ) -> Result<Begin, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(key);
+        // An expired attempt of this very request: acquiring is a takeover.
+        let lapsed = shard.map.get(key).is_some_and(|e| {
+            matches!(e.state, State::InFlight { .. }) && e.expires_at <= now && e.fingerprint == *fingerprint
+        });
         let record = shard.live(key, now).map(|e| e.to_record(now));
         let took_over = match decide(record.as_ref(), fingerprint) {
-            Decision::Start => false,
+            Decision::Start => lapsed,
             Decision::TakeOver => true,
             _ => return Ok(Begin::Existing(record.ok_or(StoreError::Corrupt("decision without record".into()))?)),
         };
-        if !took_over && shard.map.len() >= self.entries_per_shard {
+        if record.is_none() && shard.map.len() >= self.entries_per_shard {
             shard.sweep(now);
             if shard.map.len() >= self.entries_per_shard {
                 return Err(StoreError::Full("the embedded store holds max_entries live records"));

@@ -23,11 +23,14 @@ pub mod codec;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
+pub mod sealing;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use sealing::Sealer;
 
 /// The result of [`Store::try_begin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,13 +118,16 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// Opens the store a URL names (connects, for networked stores).
-    pub async fn open(url: &str) -> Result<Self, StoreError> {
+    /// Opens the store a URL names (connects, for networked stores). With a
+    /// sealer, networked stores keep responses encrypted at rest.
+    pub async fn open(url: &str, sealer: Option<Arc<Sealer>>) -> Result<Self, StoreError> {
         let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
         match scheme.as_str() {
             "memory" => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
-            "redis" | "rediss" | "redis+cluster" => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?))),
-            "postgres" | "postgresql" => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?)),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer))))
+            }
+            "postgres" | "postgresql" => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
             other => Err(StoreError::InvalidUrl(format!("unsupported scheme {other:?}"))),
         }
     }

@@ -9,12 +9,15 @@
 //! fence (the `u64` stored bit for bit in a `bigint`), the encoded response
 //! ([`super::codec`]; `NULL` when it was too large to keep) and
 //! `expires_at`: the lease end while in flight, the retention end once
-//! completed. Time is the database's `clock_timestamp()` only.
+//! completed. Time is the database's `clock_timestamp()` only. With
+//! `store_encryption` keys the response is sealed ([`super::sealing`]),
+//! bound to its record's key, exactly as in the Redis store.
 //!
 //! Rows do not vanish by themselves as Redis keys do, so an expired row is
 //! treated as absent by every statement: `get` does not see it, fenced
 //! transitions do not match it, and `try_begin` overwrites it (reporting
-//! `took_over` when it was an expired in-flight attempt). A background task
+//! `took_over` when it was an expired in-flight attempt of the same
+//! request, i.e. the same fingerprint). A background task
 //! deletes expired rows every [`CLEANUP_EVERY`], at most
 //! [`CLEANUP_BATCH`] per statement.
 //!
@@ -33,6 +36,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, codec, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
@@ -89,6 +93,7 @@ DELETE FROM idemgate.gateway_keys WHERE key IN (
 
 /// See the module docs.
 pub struct PostgresStore {
+    sealer: Option<Arc<Sealer>>,
     db: Arc<Database>,
     timeout: Duration,
 }
@@ -135,7 +140,57 @@ impl PostgresStore {
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
         let db = Arc::new(db);
         tokio::spawn(cleanup(Arc::downgrade(&db)));
-        Ok(Self { db, timeout })
+        Ok(Self { sealer: None, db, timeout })
+    }
+
+    /// Seals stored responses with these keys from now on.
+    pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
+        self.sealer = sealer;
+        self
+    }
+
+    /// The stored form of a response: encoded, then sealed if keys are set.
+    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
+        let encoded = codec::encode(response);
+        match &self.sealer {
+            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
+            None => Ok(encoded),
+        }
+    }
+
+    /// Reads a stored response back (unsealed ones written before keys were set too).
+    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
+        match (&self.sealer, stored.first()) {
+            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
+            (None, Some(&sealing::SEALED)) => {
+                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
+            }
+            _ => codec::decode(stored),
+        }
+    }
+
+    /// Builds a record from `state, fingerprint, fence, response, remaining_ms` at `offset`.
+    fn record(&self, key: &ScopedKey, row: &tokio_postgres::Row, offset: usize) -> Result<Record, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("postgres record: {what}"));
+        let get_err = |e: tokio_postgres::Error| corrupt(&e.to_string());
+        let state: i8 = row.try_get(offset).map_err(get_err)?;
+        let fingerprint: Vec<u8> = row.try_get(offset + 1).map_err(get_err)?;
+        let fingerprint = Fingerprint(fingerprint.try_into().map_err(|_| corrupt("fingerprint is not 32 bytes"))?);
+        let fence: i64 = row.try_get(offset + 2).map_err(get_err)?;
+        let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(get_err)?;
+        let remaining: i64 = row.try_get(offset + 4).map_err(get_err)?;
+        match state as u8 {
+            b'i' => Ok(Record::InFlight {
+                fingerprint,
+                fence: Fence(fence as u64),
+                lease_remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+            }),
+            b'c' => Ok(Record::Completed {
+                fingerprint,
+                response: response.map(|stored| self.decode(key, stored)).transpose()?,
+            }),
+            _ => Err(corrupt("unknown state")),
+        }
     }
 
     async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
@@ -184,27 +239,6 @@ async fn cleanup(db: Weak<Database>) {
     }
 }
 
-/// Builds a record from `state, fingerprint, fence, response, remaining_ms` at `offset`.
-fn record(row: &tokio_postgres::Row, offset: usize) -> Result<Record, StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt(format!("postgres record: {what}"));
-    let get_err = |e: tokio_postgres::Error| corrupt(&e.to_string());
-    let state: i8 = row.try_get(offset).map_err(get_err)?;
-    let fingerprint: Vec<u8> = row.try_get(offset + 1).map_err(get_err)?;
-    let fingerprint = Fingerprint(fingerprint.try_into().map_err(|_| corrupt("fingerprint is not 32 bytes"))?);
-    let fence: i64 = row.try_get(offset + 2).map_err(get_err)?;
-    let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(get_err)?;
-    let remaining: i64 = row.try_get(offset + 4).map_err(get_err)?;
-    match state as u8 {
-        b'i' => Ok(Record::InFlight {
-            fingerprint,
-            fence: Fence(fence as u64),
-            lease_remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
-        }),
-        b'c' => Ok(Record::Completed { fingerprint, response: response.map(codec::decode).transpose()? }),
-        _ => Err(corrupt("unknown state")),
-    }
-}
-
 impl Store for PostgresStore {
     async fn try_begin(
         &self,
@@ -223,13 +257,16 @@ impl Store for PostgresStore {
             let old_state: Option<i8> = row.try_get(1).map_err(unavailable)?;
             let old_expired: Option<bool> = row.try_get(6).map_err(unavailable)?;
             if acquired {
-                let took_over = old_state == Some(b'i' as i8) && old_expired == Some(true);
+                let old_fingerprint: Option<Vec<u8>> = row.try_get(2).map_err(unavailable)?;
+                let took_over = old_state == Some(b'i' as i8)
+                    && old_expired == Some(true)
+                    && old_fingerprint.as_deref() == Some(fp);
                 return Ok(Begin::Acquired { took_over });
             }
             // Not acquired and no live old row: a concurrent attempt got in
             // after this statement's snapshot. Run it again to see it.
             if old_state.is_some() && old_expired == Some(false) {
-                return record(row, 1).map(Begin::Existing);
+                return self.record(key, row, 1).map(Begin::Existing);
             }
         }
         Err(StoreError::Unavailable("try_begin kept racing with concurrent attempts".into()))
@@ -248,7 +285,7 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key_bytes = &key.as_bytes()[..];
-        let encoded = response.map(codec::encode);
+        let encoded = response.map(|r| self.encode(key, r)).transpose()?;
         Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &encoded, &millis(ttl)]).await? == 1)
     }
 
@@ -260,7 +297,7 @@ impl Store for PostgresStore {
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
         let key_bytes = &key.as_bytes()[..];
         let rows = self.query(GET, &[&key_bytes]).await?;
-        rows.first().map(|row| record(row, 0)).transpose()
+        rows.first().map(|row| self.record(key, row, 0)).transpose()
     }
 
     async fn purge(&self, key: &ScopedKey) -> Result<bool, StoreError> {

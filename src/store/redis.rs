@@ -1,68 +1,103 @@
 //! Redis and Redis Cluster backend.
 //!
 //! A record is one hash at `<prefix>{<hex of the scoped key>}`: `st` (`i`
-//! in flight, `c` completed), `fp` (fingerprint), `fence`, and `resp` (the
-//! encoded response, absent when it was too large to keep). The key's Redis
-//! TTL *is* the lease while in flight and the retention once completed, so
-//! Redis expires records by itself and a lapsed lease is simply no record.
+//! in flight, `c` completed), `fp` (fingerprint), `fence`, `until` (lease
+//! end, ms, by Redis's clock) and `resp` (the encoded response, absent when
+//! it was too large to keep). Redis expires records by itself: a completed
+//! record `ttl` after completion, an in-flight one two lease lengths after
+//! its last renewal (past `until` it already counts as absent; the second
+//! length only lets a same-fingerprint begin be reported as a takeover).
 //!
 //! Each transition is one Lua script over that one key, so it is atomic and
 //! costs one round trip; the replay path is a single `EVALSHA`. The key is
 //! hash-tagged (`{…}`) so that any future second key of the same record
 //! lands in the same Cluster slot.
 //!
-//! URLs: `redis://host:port/db`, `rediss://…` (TLS needs a rustls build of
-//! the redis crate: not compiled in yet), and
-//! `redis+cluster://host1:port1,host2:port2`. Options in the query:
-//! `prefix=` (default `idemgate:`), `timeout=` per operation
-//! (default `2s`).
+//! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
+//! `redis+cluster://host1:port1,host2:port2` and `rediss+cluster://…`.
+//! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
+//! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
+//! CAs instead of the bundled Mozilla roots).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, Script, Value};
+use redis::{FromRedisValue, RedisResult, Script, TlsCertificates, Value};
 
+use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, codec, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 
+// Every script reads the clock of Redis itself (`TIME`), so gateways with
+// skewed clocks agree on leases. An in-flight record keeps its lease end in
+// `until` and lives for two lease lengths: after `until` it counts as absent
+// for every purpose, but a begin with the same fingerprint within that
+// second lease length is recognised (and counted) as a takeover.
+const NOW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+// KEYS[1]; ARGV: fingerprint, fence, lease ms.
 const BEGIN: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
+local took = false
+if r[1] == 'i' and tonumber(r[5]) <= now then
+  took = (r[2] == ARGV[1])
+  r[1] = false
+end
 if not r[1] then
-  redis.call('HSET', KEYS[1], 'st', 'i', 'fp', ARGV[1], 'fence', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  local lease = tonumber(ARGV[3])
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'st', 'i', 'fp', ARGV[1], 'fence', ARGV[2], 'until', now + lease)
+  redis.call('PEXPIRE', KEYS[1], 2 * lease)
+  if took then return 'taken_over' end
   return 'acquired'
 end
-return {r[1], r[2], r[3] or '', r[4] or false, redis.call('PTTL', KEYS[1])}
+local remaining = 0
+if r[1] == 'i' then remaining = tonumber(r[5]) - now end
+return {r[1], r[2], r[3] or '', r[4] or false, remaining}
 ";
 
 const GET: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
 if not r[1] then return false end
-return {r[1], r[2], r[3] or '', r[4] or false, redis.call('PTTL', KEYS[1])}
+local remaining = 0
+if r[1] == 'i' then
+  remaining = tonumber(r[5]) - now
+  if remaining <= 0 then return false end
+end
+return {r[1], r[2], r[3] or '', r[4] or false, remaining}
 ";
 
-// The fenced transitions share one guard: the record is in flight under ARGV[1].
+// The fenced transitions share one guard: the record is in flight under
+// ARGV[1] and its lease has not run out.
+const HELD: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fence', 'until')
+if r[1] ~= 'i' or r[2] ~= ARGV[1] or tonumber(r[3]) <= now then return 0 end
+";
+
+// ARGV: fence, lease ms.
 const RENEW: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'until', now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return 1
 ";
 
+// ARGV: fence, ttl ms, has response ('1'/'0'), encoded response.
 const COMPLETE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'c')
+redis.call('HDEL', KEYS[1], 'until')
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
+// ARGV: fence.
 const RELEASE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 ";
@@ -83,6 +118,7 @@ struct Scripts {
 
 /// See the module docs.
 pub struct RedisStore {
+    sealer: Option<Arc<Sealer>>,
     connection: Connection,
     scripts: Scripts,
     prefix: String,
@@ -92,40 +128,56 @@ pub struct RedisStore {
 impl RedisStore {
     /// Connects to the server or cluster a URL names.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let base = url.split_once('?').map_or(url, |(base, _)| base);
         let mut prefix = "idemgate:".to_string();
         let mut timeout = Duration::from_secs(2);
+        let mut certificates = None;
         let mut passthrough = Vec::new();
         for (name, value) in url_options(url) {
             match name {
                 "prefix" if !value.contains(['{', '}']) => prefix = value.to_string(),
                 "prefix" => return Err(StoreError::InvalidUrl("prefix must not contain '{' or '}'".into())),
                 "timeout" => timeout = value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0,
+                "ca_file" => {
+                    let pem = std::fs::read(value)
+                        .map_err(|e| StoreError::InvalidUrl(format!("cannot read ca_file {value}: {e}")))?;
+                    certificates = Some(TlsCertificates { client_tls: None, root_cert: Some(pem) });
+                }
                 _ => passthrough.push(format!("{name}={value}")),
             }
         }
-        let _ = query;
         let suffix = if passthrough.is_empty() { String::new() } else { format!("?{}", passthrough.join("&")) };
         let unavailable = |e: redis::RedisError| StoreError::Unavailable(Box::new(e));
-        let connection = if let Some(nodes) = base.strip_prefix("redis+cluster://") {
-            let (userinfo, hosts) = nodes.rsplit_once('@').map_or(("", nodes), |(u, h)| (u, h));
+        let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
+        let cluster = base.strip_prefix("redis+cluster://").map(|n| ("redis", n));
+        let cluster = cluster.or_else(|| base.strip_prefix("rediss+cluster://").map(|n| ("rediss", n)));
+        let connection = if let Some((scheme, nodes)) = cluster {
+            let (userinfo, hosts) = nodes.rsplit_once('@').unwrap_or(("", nodes));
             let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
-            let hosts = hosts.trim_end_matches('/');
-            let urls: Vec<String> =
-                hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{at}{h}{suffix}")).collect();
+            let urls: Vec<String> = hosts
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{scheme}://{at}{h}{suffix}"))
+                .collect();
             if urls.is_empty() {
-                return Err(StoreError::InvalidUrl("redis+cluster:// needs at least one host:port".into()));
+                return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
             }
-            let client = redis::cluster::ClusterClient::builder(urls)
+            let mut builder = redis::cluster::ClusterClient::builder(urls)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(2)
-                .build()
-                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+                .retries(2);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder.build().map_err(invalid)?;
             Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
         } else {
-            let client =
-                redis::Client::open(format!("{base}{suffix}")).map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+            let url = format!("{base}{suffix}");
+            let client = match certificates {
+                Some(certificates) => redis::Client::build_with_tls(url, certificates).map_err(invalid)?,
+                None => redis::Client::open(url).map_err(invalid)?,
+            };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout))
@@ -134,17 +186,45 @@ impl RedisStore {
             Connection::Single(ConnectionManager::new_with_config(client, config).await.map_err(unavailable)?)
         };
         Ok(Self {
+            sealer: None,
             connection,
             scripts: Scripts {
-                begin: Script::new(BEGIN),
-                get: Script::new(GET),
-                renew: Script::new(RENEW),
-                complete: Script::new(COMPLETE),
-                release: Script::new(RELEASE),
+                begin: Script::new(&[NOW, BEGIN].concat()),
+                get: Script::new(&[NOW, GET].concat()),
+                renew: Script::new(&[NOW, HELD, RENEW].concat()),
+                complete: Script::new(&[NOW, HELD, COMPLETE].concat()),
+                release: Script::new(&[NOW, HELD, RELEASE].concat()),
             },
             prefix,
             timeout,
         })
+    }
+
+    /// Seals stored responses with these keys from now on.
+    pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
+        self.sealer = sealer;
+        self
+    }
+
+    /// The stored form of a response: encoded, then sealed if keys are set.
+    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
+        let encoded = codec::encode(response);
+        match &self.sealer {
+            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
+            None => Ok(encoded),
+        }
+    }
+
+    /// Reads a stored response back. Unsealed records written before keys
+    /// were configured still read (they expire within `key_ttl`).
+    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
+        match (&self.sealer, stored.first()) {
+            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
+            (None, Some(&sealing::SEALED)) => {
+                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
+            }
+            _ => codec::decode(stored),
+        }
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
@@ -176,8 +256,12 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Reads the `{st, fp, fence, resp, pttl}` array the scripts return.
-fn parse_record(value: Value) -> Result<Record, StoreError> {
+/// Reads the `{st, fp, fence, resp, remaining}` array the scripts return;
+/// the stored response comes back raw for [`RedisStore::decode`].
+fn parse_record(
+    value: Value,
+    decode: impl FnOnce(Vec<u8>) -> Result<StoredResponse, StoreError>,
+) -> Result<Record, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("redis record: {what}"));
     let Value::Array(fields) = value else {
         return Err(corrupt("not an array"));
@@ -203,7 +287,7 @@ fn parse_record(value: Value) -> Result<Record, StoreError> {
         b"c" => {
             let response = match resp {
                 Value::Nil => None,
-                other => Some(codec::decode(bytes(other)?)?),
+                other => Some(decode(bytes(other)?)?),
             };
             Ok(Record::Completed { fingerprint, response })
         }
@@ -224,7 +308,9 @@ impl Store for RedisStore {
         match self.run::<Value>(invocation).await? {
             Value::SimpleString(s) if s == "acquired" => Ok(Begin::Acquired { took_over: false }),
             Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
-            other => parse_record(other).map(Begin::Existing),
+            Value::SimpleString(s) if s == "taken_over" => Ok(Begin::Acquired { took_over: true }),
+            Value::BulkString(s) if s == b"taken_over" => Ok(Begin::Acquired { took_over: true }),
+            other => parse_record(other, |raw| self.decode(key, raw)).map(Begin::Existing),
         }
     }
 
@@ -244,7 +330,7 @@ impl Store for RedisStore {
         let mut invocation = self.scripts.complete.key(self.redis_key(key));
         invocation.arg(fence.0).arg(millis(ttl));
         match response {
-            Some(response) => invocation.arg("1").arg(codec::encode(response)),
+            Some(response) => invocation.arg("1").arg(self.encode(key, response)?),
             None => invocation.arg("0").arg(""),
         };
         self.run::<i64>(invocation).await.map(|n| n == 1)
@@ -259,7 +345,7 @@ impl Store for RedisStore {
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
         match self.run::<Value>(self.scripts.get.key(self.redis_key(key))).await? {
             Value::Nil => Ok(None),
-            other => parse_record(other).map(Some),
+            other => parse_record(other, |raw| self.decode(key, raw)).map(Some),
         }
     }
 

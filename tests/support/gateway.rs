@@ -21,6 +21,7 @@ pub fn config(upstream: &str, store: &str) -> Config {
 
 pub struct TestGateway {
     pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     task: Mutex<Option<tokio::task::JoinHandle<Result<(), String>>>>,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -30,16 +31,19 @@ impl TestGateway {
     pub async fn start(config: Config) -> Self {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let admin = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let listeners = idemgate::app::Listeners { gateway: listener, admin };
         let (stop, stopped) = oneshot::channel::<()>();
         let gateway = idemgate::app::build(&config).await.expect("gateway builds");
         let task = tokio::spawn(async move {
-            idemgate::app::serve_on(listener, gateway, &config, async {
+            idemgate::app::serve_on(listeners, gateway, &config, async {
                 let _ = stopped.await;
             })
             .await
         });
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { addr, stop: Mutex::new(Some(stop)), task: Mutex::new(Some(task)), client }
+        Self { addr, admin_addr, stop: Mutex::new(Some(stop)), task: Mutex::new(Some(task)), client }
     }
 
     /// Stops accepting, drains, and returns what `serve_on` returned.
@@ -57,6 +61,12 @@ impl TestGateway {
 
     pub fn get(&self, path: &str) -> Call<'_> {
         Call::new(self, "GET", path)
+    }
+
+    /// A request to the admin listener.
+    pub fn admin(&self, method: &str, path: &str) -> Call<'_> {
+        let request = Request::builder().method(method).uri(format!("http://{}{path}", self.admin_addr));
+        Call { gateway: self, request, body: Bytes::new() }
     }
 }
 

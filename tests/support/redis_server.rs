@@ -50,6 +50,7 @@ pub struct RedisProcess {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    tls_port: Option<u16>,
 }
 
 impl RedisProcess {
@@ -60,11 +61,37 @@ impl RedisProcess {
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
             match spawn_server(port, &dir.0, &[]) {
-                Ok(child) => return Self { port, dir, child: Some(child) },
+                Ok(child) => return Self { port, dir, child: Some(child), tls_port: None },
                 Err(e) => last_error = e,
             }
         }
         panic!("redis-server did not start: {last_error}");
+    }
+
+    /// A server that also speaks TLS (with this PEM certificate and key) on a
+    /// second port; the plain port stays for the readiness check.
+    pub fn start_tls(cert: &Path, key: &Path) -> Self {
+        let dir = TempDir::new("redis-tls");
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let (port, tls_port) = (free_port(), free_port().to_string());
+            let (cert, key) = (cert.to_str().expect("UTF-8 path"), key.to_str().expect("UTF-8 path"));
+            let tls = ["--tls-port", &tls_port, "--tls-cert-file", cert, "--tls-key-file", key];
+            let tls_args = [&tls[..], &["--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]].concat();
+            match spawn_server(port, &dir.0, &tls_args) {
+                Ok(child) => {
+                    let tls_port = tls_port.parse().ok();
+                    return Self { port, dir, child: Some(child), tls_port };
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server with TLS did not start: {last_error}");
+    }
+
+    /// `rediss://127.0.0.1:<tls port>/0` of a server from [`Self::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/0", self.tls_port.expect("started with TLS"))
     }
 
     /// The port it listens on.

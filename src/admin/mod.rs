@@ -1,0 +1,205 @@
+//! The admin listener: health, metrics and the admin API.
+//!
+//! | method | path | auth | job |
+//! |---|---|---|---|
+//! | GET | `/healthz` | none | the process is alive |
+//! | GET | `/readyz` | none | the store answers (`503` if not) |
+//! | GET | `/metrics` | none | Prometheus text format |
+//! | GET | `/admin/keys/{key}?tenant=…` | bearer | a key's record, metadata only |
+//! | DELETE | `/admin/keys/{key}?tenant=…` | bearer | purge a key's record |
+//!
+//! It listens on its own address (default loopback) so it can be firewalled
+//! apart from client traffic. `tenant` is the value the configured tenant
+//! source reads — the client's full `Authorization` value, the tenant
+//! header's value, or nothing for a fixed tenant — so an operator addresses
+//! exactly the record that client's retries would, and no other. The
+//! stored body is never returned: it may hold a customer's data.
+//! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step.
+
+mod auth;
+mod query;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+pub use auth::{AccessDenied, AdminAccess};
+
+use crate::gateway::Gateway;
+use crate::gateway::body::{ResponseBody, full};
+use crate::gateway::problem::Problem;
+use crate::idempotency::hash::to_hex;
+use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
+use crate::store::Store;
+
+/// Every route the admin listener serves: (method, path template).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/admin/keys/{key}"),
+    ("DELETE", "/admin/keys/{key}"),
+];
+
+/// What the admin handlers need.
+pub struct Admin<S> {
+    gateway: Arc<Gateway<S>>,
+    access: AdminAccess,
+}
+
+impl<S: Store> Admin<S> {
+    /// The admin surface of a gateway.
+    pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
+        Self { gateway, access }
+    }
+
+    /// Handles one admin request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+        let path = request.uri().path().to_owned();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (template, allow) = match segments.as_slice() {
+            ["healthz"] => ("/healthz", "GET"),
+            ["readyz"] => ("/readyz", "GET"),
+            ["metrics"] => ("/metrics", "GET"),
+            ["admin", "keys", key] if !key.is_empty() => ("/admin/keys/{key}", "GET, DELETE"),
+            _ => return Problem::NotFound.to_response(),
+        };
+        if !ROUTES.iter().any(|(method, path)| *path == template && request.method().as_str() == *method) {
+            return Problem::MethodNotAllowed(allow).to_response();
+        }
+        if template.starts_with("/admin/")
+            && let Err(denied) = self.access.check(request.headers())
+        {
+            return match denied {
+                AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
+                AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
+            };
+        }
+        match (template, segments.last().copied().unwrap_or("")) {
+            ("/healthz", _) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
+            ("/readyz", _) => self.ready().await,
+            ("/metrics", _) => {
+                let mut response = Response::new(full(self.gateway.metrics().render()));
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+                response
+            }
+            (_, key) => self.key(&request, key, request.method() == Method::DELETE).await,
+        }
+    }
+
+    async fn ready(&self) -> Response<ResponseBody> {
+        match tokio::time::timeout(Duration::from_secs(2), self.gateway.store().ping()).await {
+            Ok(Ok(())) => json(StatusCode::OK, serde_json::json!({ "status": "ready", "store": "ok" })),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "readiness: store unavailable");
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({ "status": "not ready", "store": "unavailable" }),
+                )
+            }
+            Err(_) => {
+                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "not ready", "store": "timeout" }))
+            }
+        }
+    }
+
+    /// Inspects (or, with `purge`, deletes) one tenant's record of a key.
+    async fn key(&self, request: &Request<Incoming>, raw_key: &str, purge: bool) -> Response<ResponseBody> {
+        let decoded = match query::percent_decode(raw_key) {
+            Some(decoded) => decoded,
+            None => return Problem::BadAdminRequest("the key is not valid percent-encoded UTF-8".into()).to_response(),
+        };
+        let key = match IdempotencyKey::new(&decoded) {
+            Ok(key) => key,
+            Err(e) => return Problem::BadAdminRequest(format!("invalid key: {e}")).to_response(),
+        };
+        let tenant_value = match query::param(request.uri().query(), "tenant") {
+            Ok(value) => value,
+            Err(why) => return Problem::BadAdminRequest(why).to_response(),
+        };
+        let tenant = self.gateway.tenant_source().tenant_from_value(tenant_value.as_deref());
+        let scoped = ScopedKey::new(&tenant, &key);
+        let store = self.gateway.store();
+        if purge {
+            return match store.purge(&scoped).await {
+                Ok(true) => {
+                    tracing::info!(key = &scoped.to_hex()[..16], "admin purged a record");
+                    Response::builder()
+                        .status(StatusCode::NO_CONTENT)
+                        .body(full(Bytes::new()))
+                        .unwrap_or_else(|_| Problem::Internal.to_response())
+                }
+                Ok(false) => Problem::NotFound.to_response(),
+                Err(_) => Problem::StoreUnavailable.to_response(),
+            };
+        }
+        match store.get(&scoped).await {
+            Ok(Some(record)) => json(StatusCode::OK, describe(&scoped, &record)),
+            Ok(None) => Problem::NotFound.to_response(),
+            Err(_) => Problem::StoreUnavailable.to_response(),
+        }
+    }
+}
+
+/// A record's metadata; never the stored body or header values.
+fn describe(scoped: &ScopedKey, record: &Record) -> serde_json::Value {
+    match record {
+        Record::InFlight { fingerprint, lease_remaining, .. } => serde_json::json!({
+            "scoped_key": scoped.to_hex(),
+            "state": "in_flight",
+            "fingerprint": to_hex(&fingerprint.0),
+            "lease_remaining_ms": lease_remaining.as_millis() as u64,
+        }),
+        Record::Completed { fingerprint, response } => serde_json::json!({
+            "scoped_key": scoped.to_hex(),
+            "state": "completed",
+            "fingerprint": to_hex(&fingerprint.0),
+            "replayable": response.is_some(),
+            "status": response.as_ref().map(|r| r.status),
+            "body_bytes": response.as_ref().map(|r| r.body.len()),
+            "header_names": response.as_ref().map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()),
+        }),
+    }
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> {
+    let mut response = Response::new(full(serde_json::to_vec(&value).unwrap_or_default()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Serves the admin listener until `shutdown` resolves.
+pub async fn serve<S: Store>(listener: TcpListener, admin: Arc<Admin<S>>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.handle(request).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}

@@ -1,0 +1,58 @@
+//! Percent-decoding for admin paths and query strings.
+
+/// Decodes `%XX` escapes (and `+` as space in queries is *not* applied: keys
+/// may contain `+`). `None` for a broken escape or invalid UTF-8.
+pub(super) fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The decoded value of query parameter `name`, if present once.
+pub(super) fn param(query: Option<&str>, name: &str) -> Result<Option<String>, String> {
+    let mut found = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == name {
+            if found.is_some() {
+                return Err(format!("the query parameter {name:?} appears more than once"));
+            }
+            found = Some(
+                percent_decode(v)
+                    .ok_or_else(|| format!("the query parameter {name:?} is not valid percent-encoding"))?,
+            );
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_decode_and_broken_ones_are_refused() {
+        assert_eq!(percent_decode("a%2Fb%20c+d").as_deref(), Some("a/b c+d"));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%4"), None);
+        assert_eq!(percent_decode("%ff"), None);
+    }
+
+    #[test]
+    fn a_parameter_is_read_once() {
+        assert_eq!(param(Some("tenant=Bearer%20abc&x=1"), "tenant").unwrap().as_deref(), Some("Bearer abc"));
+        assert_eq!(param(None, "tenant").unwrap(), None);
+        assert!(param(Some("tenant=a&tenant=b"), "tenant").is_err());
+    }
+}

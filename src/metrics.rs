@@ -1,0 +1,142 @@
+//! Prometheus metrics, served on the admin listener at `/metrics`.
+//!
+//! Labels are low-cardinality by construction: a route name, an outcome, a
+//! store operation, a destination name — values that come from the config
+//! or from a fixed list in the code, never from a request (no key, tenant,
+//! path or status text). One [`Metrics`] per process, shared by reference.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets in seconds: 100 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Every metric idemgate exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `idemgate_requests_total{route, outcome}`.
+    pub requests: IntCounterVec,
+    /// `idemgate_upstream_duration_seconds{route}`.
+    pub upstream_latency: HistogramVec,
+    /// `idemgate_store_duration_seconds{operation}`.
+    pub store_latency: HistogramVec,
+    /// `idemgate_store_errors_total{operation}`.
+    pub store_errors: IntCounterVec,
+    /// `idemgate_lease_takeovers_total`.
+    pub lease_takeovers: IntCounter,
+    /// `idemgate_fence_rejections_total{operation}`.
+    pub fence_rejections: IntCounterVec,
+    /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead).
+    pub outbox_rows: IntGaugeVec,
+    /// `idemgate_outbox_oldest_ready_age_seconds{destination}`.
+    pub outbox_oldest_ready_age: IntGaugeVec,
+    /// `idemgate_outbox_delivery_attempts_total{destination, outcome}`.
+    pub outbox_attempts: IntCounterVec,
+    /// `idemgate_outbox_publish_duration_seconds{destination}`.
+    pub outbox_publish_latency: HistogramVec,
+    /// `idemgate_outbox_commit_to_delivery_seconds{destination}`.
+    pub outbox_commit_to_delivery: HistogramVec,
+    /// `idemgate_outbox_lease_lost_total`.
+    pub outbox_lease_lost: IntCounter,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+            registry.register(Box::new(metric.clone())).expect("unique metric name");
+            metric
+        };
+        let histogram_vec = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            let metric = HistogramVec::new(opts, labels).expect("static metric definition");
+            registry.register(Box::new(metric.clone())).expect("unique metric name");
+            metric
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+            registry.register(Box::new(metric.clone())).expect("unique metric name");
+            metric
+        };
+        let counter = |name: &str, help: &str| {
+            let metric = IntCounter::new(name, help).expect("static metric definition");
+            registry.register(Box::new(metric.clone())).expect("unique metric name");
+            metric
+        };
+        Self {
+            requests: counter_vec("idemgate_requests_total", "Requests by route and outcome.", &["route", "outcome"]),
+            upstream_latency: histogram_vec(
+                "idemgate_upstream_duration_seconds",
+                "Time from forwarding a request to having its response (stored part read).",
+                &["route"],
+            ),
+            store_latency: histogram_vec(
+                "idemgate_store_duration_seconds",
+                "Time of one store operation.",
+                &["operation"],
+            ),
+            store_errors: counter_vec(
+                "idemgate_store_errors_total",
+                "Store operations that failed or timed out.",
+                &["operation"],
+            ),
+            lease_takeovers: counter(
+                "idemgate_lease_takeovers_total",
+                "Keys acquired from an in-flight attempt whose lease had expired.",
+            ),
+            fence_rejections: counter_vec(
+                "idemgate_fence_rejections_total",
+                "Renew, complete or release refused because a newer attempt holds the key.",
+                &["operation"],
+            ),
+            outbox_rows: gauge_vec(
+                "idemgate_outbox_rows",
+                "Outbox rows by destination and state.",
+                &["destination", "state"],
+            ),
+            outbox_oldest_ready_age: gauge_vec(
+                "idemgate_outbox_oldest_ready_age_seconds",
+                "Age of the oldest row ready for delivery.",
+                &["destination"],
+            ),
+            outbox_attempts: counter_vec(
+                "idemgate_outbox_delivery_attempts_total",
+                "Delivery attempts by destination and outcome.",
+                &["destination", "outcome"],
+            ),
+            outbox_publish_latency: histogram_vec(
+                "idemgate_outbox_publish_duration_seconds",
+                "Time of one publish to a destination.",
+                &["destination"],
+            ),
+            outbox_commit_to_delivery: histogram_vec(
+                "idemgate_outbox_commit_to_delivery_seconds",
+                "Time from enqueue to successful delivery.",
+                &["destination"],
+            ),
+            outbox_lease_lost: counter(
+                "idemgate_outbox_lease_lost_total",
+                "Publishes whose row lease was taken over before they finished.",
+            ),
+            registry,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

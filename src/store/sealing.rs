@@ -1,0 +1,153 @@
+//! Encryption at rest for stored responses (AES-256-GCM, `ring`).
+//!
+//! Stored responses can hold customer data, and a shared Redis or Postgres
+//! is often readable by more people than the gateway's own memory. With
+//! keys configured, networked stores keep every response sealed:
+//!
+//! `0xE1 | key id length:u8 | key id | nonce:12 | ciphertext and tag`
+//!
+//! The record's scoped key is the additional authenticated data, so a
+//! sealed response copied onto another key's record fails to open instead
+//! of being replayed to the wrong client.
+//!
+//! **Keys and rotation.** Keys are `id:hex` pairs (32-byte keys, 64 hex
+//! characters), comma-separated, from `IDEMGATE__STORE_ENCRYPTION__KEYS` or
+//! a file. The first key seals; every listed key opens. To rotate, put the
+//! new key first and keep the old one listed until `key_ttl` has passed
+//! (every record sealed with it has then expired), then remove it.
+
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+
+use super::StoreError;
+
+/// First byte of a sealed value (an unsealed encoding starts with its version, 1).
+pub const SEALED: u8 = 0xE1;
+
+/// The configured keys: the first seals, all open.
+pub struct Sealer {
+    keys: Vec<(String, LessSafeKey)>,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").field("key_ids", &self.keys.iter().map(|(id, _)| id).collect::<Vec<_>>()).finish()
+    }
+}
+
+impl Sealer {
+    /// Parses `id:hex,id:hex,…`.
+    pub fn from_spec(spec: &str) -> Result<Self, String> {
+        let mut keys = Vec::new();
+        for entry in spec.split([',', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
+            let (id, hex) = entry.split_once(':').ok_or("each encryption key is written id:hex")?;
+            if id.is_empty()
+                || id.len() > 32
+                || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(format!("encryption key id {id:?}: 1 to 32 characters of [A-Za-z0-9_-]"));
+            }
+            let bytes = decode_hex(hex).ok_or_else(|| format!("encryption key {id:?}: expected 64 hex characters"))?;
+            let key = UnboundKey::new(&AES_256_GCM, &bytes).map_err(|_| format!("encryption key {id:?}: unusable"))?;
+            if keys.iter().any(|(existing, _)| existing == id) {
+                return Err(format!("encryption key id {id:?} is listed twice"));
+            }
+            keys.push((id.to_owned(), LessSafeKey::new(key)));
+        }
+        if keys.is_empty() {
+            return Err("no encryption key given".into());
+        }
+        Ok(Self { keys })
+    }
+
+    /// Seals `plain`, bound to `context` (the record's address).
+    pub fn seal(&self, context: &[u8], plain: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let (id, key) = &self.keys[0];
+        let nonce_bytes: [u8; NONCE_LEN] = rand::random();
+        let mut sealed = Vec::with_capacity(2 + id.len() + NONCE_LEN + plain.len() + 16);
+        sealed.push(SEALED);
+        sealed.push(id.len() as u8);
+        sealed.extend_from_slice(id.as_bytes());
+        sealed.extend_from_slice(&nonce_bytes);
+        let mut body = plain.to_vec();
+        key.seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce_bytes), Aad::from(context), &mut body)
+            .map_err(|_| StoreError::Corrupt("sealing failed".into()))?;
+        sealed.extend_from_slice(&body);
+        Ok(sealed)
+    }
+
+    /// Opens what [`Sealer::seal`] wrote for the same `context`.
+    pub fn open(&self, context: &[u8], sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let corrupt = |why: &str| StoreError::Corrupt(format!("sealed response: {why}"));
+        let (&marker, rest) = sealed.split_first().ok_or_else(|| corrupt("empty"))?;
+        if marker != SEALED {
+            return Err(corrupt("not sealed (written without encryption?)"));
+        }
+        let (&id_len, rest) = rest.split_first().ok_or_else(|| corrupt("truncated"))?;
+        let id_len = usize::from(id_len);
+        if rest.len() < id_len + NONCE_LEN {
+            return Err(corrupt("truncated"));
+        }
+        let (id, rest) = rest.split_at(id_len);
+        let (nonce, ciphertext) = rest.split_at(NONCE_LEN);
+        let key = self
+            .keys
+            .iter()
+            .find(|(known, _)| known.as_bytes() == id)
+            .map(|(_, key)| key)
+            .ok_or_else(|| corrupt("sealed with a key that is no longer configured"))?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce"))?;
+        let mut body = ciphertext.to_vec();
+        let plain =
+            key.open_in_place(nonce, Aad::from(context), &mut body).map_err(|_| corrupt("authentication failed"))?;
+        Ok(plain.to_vec())
+    }
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim();
+    if text.len() != 64 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K1: &str = "k1:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    const K2: &str = "k2:1f1e1d1c1b1a191817161514131211100f0e0d0c0b0a09080706050403020100";
+
+    #[test]
+    fn a_sealed_response_opens_only_for_its_own_record() {
+        let sealer = Sealer::from_spec(K1).unwrap();
+        let sealed = sealer.seal(b"record-a", b"card 4242").unwrap();
+        assert!(!sealed.windows(4).any(|w| w == b"4242"), "the plaintext is not visible");
+        assert_eq!(sealer.open(b"record-a", &sealed).unwrap(), b"card 4242");
+        assert!(sealer.open(b"record-b", &sealed).is_err(), "moved to another record: refused");
+        let mut tampered = sealed.clone();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(sealer.open(b"record-a", &tampered).is_err());
+    }
+
+    #[test]
+    fn rotation_seals_with_the_first_key_and_opens_with_any() {
+        let old = Sealer::from_spec(K1).unwrap();
+        let sealed_old = old.seal(b"r", b"x").unwrap();
+        let rotated = Sealer::from_spec(&format!("{K2},{K1}")).unwrap();
+        assert_eq!(rotated.open(b"r", &sealed_old).unwrap(), b"x");
+        let sealed_new = rotated.seal(b"r", b"y").unwrap();
+        assert!(old.open(b"r", &sealed_new).is_err(), "the old key set cannot open the new key's records");
+        let retired = Sealer::from_spec(K2).unwrap();
+        assert!(retired.open(b"r", &sealed_old).unwrap_err().to_string().contains("no longer configured"));
+    }
+
+    #[test]
+    fn bad_key_specs_say_what_is_wrong() {
+        assert!(Sealer::from_spec("").is_err());
+        assert!(Sealer::from_spec("nokey").unwrap_err().contains("id:hex"));
+        assert!(Sealer::from_spec("k:abcd").unwrap_err().contains("64 hex"));
+        assert!(Sealer::from_spec(&format!("{K1},{K1}")).unwrap_err().contains("twice"));
+        assert!(!format!("{:?}", Sealer::from_spec(K1).unwrap()).contains("0001"), "Debug shows ids only");
+    }
+}

@@ -1,0 +1,208 @@
+//! The admin listener: health, readiness, metrics and the admin API, and
+//! `openapi.yaml` kept in step with the routes it serves.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use idemgate::config::{AdminAuth, Config, Secret};
+use support::gateway::{TestGateway, config};
+use support::redis_server::RedisProcess;
+use support::upstream::Upstream;
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+fn with_token(mut config: Config) -> Config {
+    config.admin.token = Some(Secret::new(TOKEN));
+    config
+}
+
+#[tokio::test]
+async fn health_and_readiness_follow_the_store() {
+    let mut redis = RedisProcess::start();
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), &format!("{}?timeout=300ms", redis.url()))).await;
+    assert_eq!(gateway.admin("GET", "/healthz").send().await.status, 200);
+    assert_eq!(gateway.admin("GET", "/readyz").send().await.status, 200);
+    redis.stop();
+    let not_ready = gateway.admin("GET", "/readyz").send().await;
+    assert_eq!(not_ready.status, 503);
+    assert_eq!(gateway.admin("GET", "/healthz").send().await.status, 200, "alive even when not ready");
+}
+
+#[tokio::test]
+async fn metrics_count_outcomes_without_keys_or_tenants_in_labels() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    gateway.post("/charge").auth("tenant-secret").key("key-secret-1").json("{}").send().await;
+    gateway.post("/charge").auth("tenant-secret").key("key-secret-1").json("{}").send().await;
+    gateway.post("/charge").auth("tenant-secret").key("key-secret-1").json("{\"x\":1}").send().await;
+    let metrics = gateway.admin("GET", "/metrics").send().await.text();
+    assert!(metrics.contains(r#"idemgate_requests_total{outcome="forwarded",route="default"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"idemgate_requests_total{outcome="replayed",route="default"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"idemgate_requests_total{outcome="mismatch",route="default"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"idemgate_store_duration_seconds_count{operation="begin"} 3"#), "{metrics}");
+    assert!(metrics.contains(r#"idemgate_upstream_duration_seconds_count{route="default"} 1"#), "{metrics}");
+    assert!(!metrics.contains("secret"), "no key or tenant ever becomes a label");
+}
+
+#[tokio::test]
+async fn without_a_token_the_admin_api_is_off_and_health_still_answers() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let refused =
+        gateway.admin("GET", "/admin/keys/k1").header("authorization", "Bearer anything-at-all-x").send().await;
+    assert_eq!(refused.status, 403);
+    assert_eq!(refused.problem(), "admin-disabled");
+    assert_eq!(gateway.admin("GET", "/healthz").send().await.status, 200);
+}
+
+#[tokio::test]
+async fn the_admin_api_refuses_missing_and_wrong_tokens() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let missing = gateway.admin("GET", "/admin/keys/k1").send().await;
+    assert_eq!(missing.status, 401);
+    assert_eq!(missing.headers["www-authenticate"], "Bearer");
+    let wrong = gateway
+        .admin("GET", "/admin/keys/k1")
+        .header("authorization", "Bearer test-admin-token-0123456788")
+        .send()
+        .await;
+    assert_eq!(wrong.status, 401);
+    let right = gateway.admin("GET", "/admin/keys/k1").header("authorization", &format!("Bearer {TOKEN}")).send().await;
+    assert_eq!(right.status, 404, "authenticated; the key simply does not exist");
+}
+
+#[tokio::test]
+async fn an_operator_inspects_and_purges_one_tenants_key_and_no_other() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let auth = format!("Bearer {TOKEN}");
+    gateway.post("/charge").auth("alice").key("\"order/7 +x\"").json("{}").send().await;
+    let path = "/admin/keys/order%2F7%20+x";
+
+    let alice =
+        gateway.admin("GET", &format!("{path}?tenant=Bearer%20alice")).header("authorization", &auth).send().await;
+    assert_eq!(alice.status, 200, "{}", alice.text());
+    let record: serde_json::Value = serde_json::from_slice(&alice.body).unwrap();
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["status"], 201);
+    assert_eq!(record["replayable"], true);
+    assert!(!alice.text().contains("effect"), "the stored body is never shown");
+
+    // Bob's view of Alice's key is exactly that of a key nobody used.
+    let bob = gateway.admin("GET", &format!("{path}?tenant=Bearer%20bob")).header("authorization", &auth).send().await;
+    let nobody =
+        gateway.admin("GET", "/admin/keys/unused?tenant=Bearer%20bob").header("authorization", &auth).send().await;
+    assert_eq!((bob.status, bob.body.clone()), (nobody.status, nobody.body.clone()));
+    let bob_purge =
+        gateway.admin("DELETE", &format!("{path}?tenant=Bearer%20bob")).header("authorization", &auth).send().await;
+    assert_eq!(bob_purge.status, 404);
+    assert!(gateway.post("/charge").auth("alice").key("\"order/7 +x\"").json("{}").send().await.replayed());
+
+    let purged =
+        gateway.admin("DELETE", &format!("{path}?tenant=Bearer%20alice")).header("authorization", &auth).send().await;
+    assert_eq!(purged.status, 204);
+    let again = gateway.post("/charge").auth("alice").key("\"order/7 +x\"").json("{}").send().await;
+    assert!(!again.replayed(), "after a purge the key runs again");
+    assert_eq!(upstream.total(), 2);
+}
+
+#[tokio::test]
+async fn bad_admin_parameters_get_a_clear_400() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let auth = format!("Bearer {TOKEN}");
+    let bad_escape = gateway.admin("GET", "/admin/keys/a%zz").header("authorization", &auth).send().await;
+    assert_eq!(bad_escape.status, 400);
+    let long = "k".repeat(256);
+    let too_long = gateway.admin("GET", &format!("/admin/keys/{long}")).header("authorization", &auth).send().await;
+    assert_eq!(too_long.status, 400);
+    assert!(too_long.text().contains("255"));
+}
+
+#[tokio::test]
+async fn auth_disabled_is_allowed_on_loopback_only() {
+    let upstream = Upstream::start().await;
+    let mut open = config(&upstream.url(), "memory://");
+    open.admin.auth = AdminAuth::Disabled;
+    let gateway = TestGateway::start(open.clone()).await;
+    assert_eq!(gateway.admin("GET", "/admin/keys/k").send().await.status, 404);
+    open.admin_listen = "0.0.0.0:9090".parse().unwrap();
+    let error = open.validate().unwrap_err().to_string();
+    assert!(error.contains("loopback"), "{error}");
+}
+
+/// `(method, path)` pairs in openapi.yaml, excluding the gateway's catch-all.
+fn spec_routes() -> BTreeSet<(String, String)> {
+    let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
+    let mut routes = BTreeSet::new();
+    let mut in_paths = false;
+    let mut path = None;
+    for line in spec.lines() {
+        if !line.starts_with(' ') {
+            in_paths = line == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /").and_then(|l| l.strip_suffix(':')) {
+            path = Some(format!("/{p}"));
+        } else if let Some(method) = line.strip_prefix("    ").and_then(|l| l.strip_suffix(':'))
+            && ["get", "post", "put", "patch", "delete"].contains(&method)
+            && let Some(path) = path.as_ref().filter(|p| *p != "/{path}")
+        {
+            routes.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    routes
+}
+
+#[test]
+fn openapi_describes_exactly_the_routes_the_admin_listener_serves() {
+    let served: BTreeSet<(String, String)> =
+        idemgate::admin::ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    assert_eq!(spec_routes(), served);
+}
+
+#[test]
+fn openapi_lists_every_problem_type() {
+    let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
+    use idemgate::gateway::problem::Problem;
+    let all = [
+        Problem::MissingKey,
+        Problem::InvalidKey(idemgate::idempotency::KeyError::Empty),
+        Problem::KeyMismatch,
+        Problem::RequestInFlight { retry_after: std::time::Duration::ZERO },
+        Problem::StoreUnavailable,
+        Problem::BodyTooLarge { limit: 0 },
+        Problem::BadRequestBody,
+        Problem::UpstreamUnavailable { timed_out: false },
+        Problem::ResponseNotReplayable,
+        Problem::NoRoute,
+        Problem::Unauthorized,
+        Problem::AdminDisabled,
+        Problem::NotFound,
+        Problem::MethodNotAllowed("GET"),
+        Problem::BadAdminRequest(String::new()),
+        Problem::Internal,
+    ];
+    for problem in all {
+        let uri = format!("urn:idemgate:problem:{}", problem.slug());
+        assert!(spec.contains(&uri), "{uri} missing from openapi.yaml");
+    }
+}
+
+#[tokio::test]
+async fn a_known_path_with_another_method_is_405_with_allow() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let reply = gateway.admin("POST", "/readyz").send().await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.headers["allow"], "GET");
+    let reply = gateway.admin("PUT", "/admin/keys/k").send().await;
+    assert_eq!(reply.status, 405, "checked before authentication: the method is wrong either way");
+    assert_eq!(reply.headers["allow"], "GET, DELETE");
+}

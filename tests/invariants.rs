@@ -1,0 +1,359 @@
+//! A randomized invariant test: many clients, random keys and duplicates,
+//! random disconnects, an upstream that fails at random, while gateway
+//! processes are SIGKILLed and restarted and Redis is restarted. Then a
+//! checker asserts what idemgate promises:
+//!
+//! 1. per (tenant, key) the upstream acted at most once — unless a fault
+//!    that loses the record (a gateway killed mid-call: its lease lapses and
+//!    a retry takes over; Redis restarted without persistence) falls between
+//!    two executions; every other repeat is a violation;
+//! 2. every `2xx` a client got is the body of one of the upstream's
+//!    executions of that key, and with a single execution every `2xx` is
+//!    that one body;
+//! 3. no client ever got a response made for another tenant.
+//!
+//! The upstream receives the derived key (`forward_key = "derived"`), so it
+//! could deduplicate the fault-caused repeats itself; the checker counts
+//! them separately. Seeded: `IDEMGATE_SEED` replays the same plan (keys,
+//! tenants, faults, upstream choices; thread interleavings still vary).
+//! `IDEMGATE_INVARIANT_REQUESTS` sets the count (default 1200).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemgate::idempotency::{IdempotencyKey, ScopedKey, TenantSource};
+use rand::prelude::*;
+use support::redis_server::{RedisProcess, free_port};
+use tokio::net::TcpListener;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
+const TENANTS: usize = 3;
+const KEYS_PER_TENANT: usize = 40;
+const WORKERS: usize = 16;
+/// An execution finishing this long after a fault may belong to a call that was in flight at the fault
+/// (the upstream timeout is 900 ms).
+const IN_FLIGHT_AFTER_FAULT: Duration = Duration::from_secs(1);
+/// A record settles right after its execution; one this close before a kill may not have settled yet.
+const UNSETTLED_BEFORE_KILL: Duration = Duration::from_millis(300);
+
+/// One execution the upstream performed.
+#[derive(Clone)]
+struct Effect {
+    at: Instant,
+    body: Bytes,
+}
+
+/// The chaos upstream: acts, fails or stalls at random (seeded).
+struct Chaos {
+    rng: Mutex<StdRng>,
+    effects: Mutex<HashMap<String, Vec<Effect>>>,
+}
+
+async fn chaos_upstream(seed: u64) -> (SocketAddr, Arc<Chaos>) {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let chaos = Arc::new(Chaos { rng: Mutex::new(StdRng::seed_from_u64(seed)), effects: Mutex::default() });
+    let shared = chaos.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let chaos = shared.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |r| act(r, chaos.clone()));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, chaos)
+}
+
+async fn act(request: Request<Incoming>, chaos: Arc<Chaos>) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let (key, tenant) = (header("idempotency-key"), header("authorization"));
+    let choice = chaos.rng.lock().unwrap().random_range(0..100u32);
+    let stall = chaos.rng.lock().unwrap().random_range(100..600u64);
+    match choice {
+        0..8 => return Ok(reply(StatusCode::INTERNAL_SERVER_ERROR, Bytes::from_static(b"{\"failed\":true}"))),
+        8..15 => return Err(std::io::Error::other("reset on purpose")),
+        15..25 => tokio::time::sleep(Duration::from_millis(stall)).await,
+        _ => {}
+    }
+    let mut effects = chaos.effects.lock().unwrap();
+    let list = effects.entry(key.clone()).or_default();
+    let body = Bytes::from(format!(
+        "{{\"tenant\":{tenant:?},\"key\":{key:?},\"execution\":{},\"nonce\":{}}}",
+        list.len() + 1,
+        rand::random::<u64>()
+    ));
+    list.push(Effect { at: Instant::now(), body: body.clone() });
+    Ok(reply(StatusCode::CREATED, body))
+}
+
+fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response
+}
+
+/// A gateway process that the fault injector kills and restarts on the same port.
+struct Gateway {
+    addr: SocketAddr,
+    child: Option<Child>,
+}
+
+impl Gateway {
+    fn start(addr: SocketAddr, upstream: SocketAddr, store: &str) -> Child {
+        let admin = self_admin(addr);
+        let child = Command::new(BINARY)
+            .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
+            .args(["--upstream", &format!("http://{upstream}"), "--store", store])
+            .envs([
+                ("IDEMGATE__GATEWAY__LEASE", "1s"),
+                ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms"),
+                ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
+                ("IDEMGATE__GATEWAY__STORE_TIMEOUT", "500ms"),
+                ("IDEMGATE__LOG__LEVEL", "warn"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start idemgate");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "gateway on {addr} did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    }
+}
+
+/// The admin port paired with a gateway port (kept stable across restarts).
+fn self_admin(addr: SocketAddr) -> SocketAddr {
+    static PAIRS: Mutex<Vec<(SocketAddr, SocketAddr)>> = Mutex::new(Vec::new());
+    let mut pairs = PAIRS.lock().unwrap();
+    if let Some((_, admin)) = pairs.iter().find(|(a, _)| *a == addr) {
+        return *admin;
+    }
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    pairs.push((addr, admin));
+    admin
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Outcome {
+    tenant: usize,
+    key: String,
+    status: Option<u16>,
+    body: Bytes,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    GatewayKilled,
+    RedisRestarted,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault() {
+    let seed = std::env::var("IDEMGATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    let requests: usize =
+        std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
+    println!("invariant test: IDEMGATE_SEED={seed} IDEMGATE_INVARIANT_REQUESTS={requests}");
+
+    let mut redis = RedisProcess::start();
+    let store = format!("{}?timeout=400ms", redis.url());
+    let (upstream, chaos) = chaos_upstream(seed).await;
+    let addrs: Vec<SocketAddr> = (0..2).map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap()).collect();
+    let gateways: Arc<Vec<Mutex<Gateway>>> = Arc::new(
+        addrs
+            .iter()
+            .map(|&addr| Mutex::new(Gateway { addr, child: Some(Gateway::start(addr, upstream, &store)) }))
+            .collect(),
+    );
+
+    let plan = Arc::new(Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)));
+    let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(requests));
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let client: Client<_, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_millis(200)).build_http();
+
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let (plan, remaining, outcomes, client, addrs) =
+                (plan.clone(), remaining.clone(), outcomes.clone(), client.clone(), addrs.clone());
+            tokio::spawn(async move {
+                while remaining
+                    .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| {
+                        n.checked_sub(1)
+                    })
+                    .is_ok()
+                {
+                    let (tenant, key, gateway, disconnect_after, pause) = {
+                        let mut rng = plan.lock().unwrap();
+                        let disconnect = rng.random_bool(0.1).then(|| Duration::from_millis(rng.random_range(0..300)));
+                        (
+                            rng.random_range(0..TENANTS),
+                            format!("key-{}", rng.random_range(0..KEYS_PER_TENANT)),
+                            addrs[rng.random_range(0..addrs.len())],
+                            disconnect,
+                            Duration::from_millis(rng.random_range(0..30)),
+                        )
+                    };
+                    tokio::time::sleep(pause).await;
+                    let request = Request::post(format!("http://{gateway}/chaos"))
+                        .header("authorization", format!("Bearer tenant-{tenant}"))
+                        .header("idempotency-key", &key)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
+                        .unwrap();
+                    let call = async {
+                        let response = client.request(request).await.ok()?;
+                        let status = response.status().as_u16();
+                        let body = response.into_body().collect().await.ok()?.to_bytes();
+                        Some((status, body))
+                    };
+                    let limit = disconnect_after.unwrap_or(Duration::from_secs(10));
+                    let answer = tokio::time::timeout(limit, call).await.ok().flatten();
+                    let (status, body) = answer.map_or((None, Bytes::new()), |(s, b)| (Some(s), b));
+                    outcomes.lock().unwrap().push(Outcome { tenant, key, status, body });
+                }
+            })
+        })
+        .collect();
+
+    // Faults while the workers run: bounded in count, spaced at random.
+    let mut faults: Vec<(Instant, Fault)> = Vec::new();
+    let mut fault_rng = StdRng::seed_from_u64(seed ^ 0xfa17);
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(fault_rng.random_range(200..700))).await;
+        if remaining.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            break;
+        }
+        if fault_rng.random_bool(0.7) {
+            let which = fault_rng.random_range(0..gateways.len());
+            let gateways = gateways.clone();
+            let store = store.clone();
+            let at = Instant::now();
+            tokio::task::spawn_blocking(move || {
+                let mut gateway = gateways[which].lock().unwrap();
+                if let Some(mut child) = gateway.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                gateway.child = Some(Gateway::start(gateway.addr, upstream, &store));
+            })
+            .await
+            .unwrap();
+            faults.push((at, Fault::GatewayKilled));
+        } else {
+            let at = Instant::now();
+            redis = tokio::task::spawn_blocking(move || {
+                redis.start_again();
+                redis
+            })
+            .await
+            .unwrap();
+            faults.push((at, Fault::RedisRestarted));
+        }
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    // Let attempts still in flight in the gateways settle before counting.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+    let effects = chaos.effects.lock().unwrap().clone();
+    let mut violations = Vec::new();
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    let mut explained_repeats = 0;
+    let mut by_key: BTreeMap<(usize, String), Vec<&Outcome>> = BTreeMap::new();
+    for outcome in &outcomes {
+        *statuses.entry(outcome.status.map_or("no answer".into(), |s| s.to_string())).or_default() += 1;
+        by_key.entry((outcome.tenant, outcome.key.clone())).or_default().push(outcome);
+    }
+    for ((tenant, key), seen) in &by_key {
+        let derived = derived_key(*tenant, key);
+        let executions = effects.get(&derived).cloned().unwrap_or_default();
+        // 1. A repeat needs a fault that lost this key's record between the
+        //    two executions: Redis restarted (taking every record with it,
+        //    including the in-flight record of a call that finishes just
+        //    after), or the gateway running the first execution was killed
+        //    while it was in flight (its upstream call may finish after the
+        //    kill; a record settled well before the kill survives it).
+        for pair in executions.windows(2) {
+            let explained = faults.iter().any(|(at, fault)| {
+                let spans = *at < pair[1].at
+                    && pair[0].at.checked_duration_since(*at).is_none_or(|d| d < IN_FLIGHT_AFTER_FAULT);
+                let unsettled = at.checked_duration_since(pair[0].at).is_none_or(|d| d < UNSETTLED_BEFORE_KILL);
+                match fault {
+                    Fault::RedisRestarted => spans,
+                    Fault::GatewayKilled => spans && unsettled,
+                }
+            });
+            if explained {
+                explained_repeats += 1;
+            } else {
+                violations
+                    .push(format!("tenant {tenant} {key}: executed again with no record-losing fault in between"));
+            }
+        }
+        for outcome in seen.iter().filter(|o| o.status.is_some_and(|s| (200..300).contains(&s))) {
+            // 2. Every 2xx is one of this key's executions.
+            if !executions.iter().any(|e| e.body == outcome.body) {
+                violations.push(format!("tenant {tenant} {key}: a 2xx body the upstream never produced for this key"));
+            }
+            // 3. Never another tenant's response.
+            let own = format!("\"tenant\":\"Bearer tenant-{tenant}\"");
+            if !String::from_utf8_lossy(&outcome.body).contains(&own) {
+                violations.push(format!("tenant {tenant} {key}: got another tenant's response"));
+            }
+        }
+        // Unexpected answers: a mismatch cannot happen (one body per key).
+        if seen.iter().any(|o| o.status == Some(422)) {
+            violations.push(format!("tenant {tenant} {key}: 422 for an identical retry"));
+        }
+    }
+    let executions: usize = effects.values().map(Vec::len).sum();
+    println!(
+        "invariant test: {} requests, statuses {statuses:?}, faults {:?}, {executions} executions over {} keys, \
+         {explained_repeats} repeats explained by faults, {} violations",
+        outcomes.len(),
+        faults.iter().map(|(_, f)| *f).collect::<Vec<_>>(),
+        effects.len(),
+        violations.len()
+    );
+    assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+    assert!(executions > 0, "the run executed something");
+    drop(gateways);
+}
+
+fn derived_key(tenant: usize, key: &str) -> String {
+    let mut headers = HeaderMap::new();
+    headers.insert("authorization", HeaderValue::from_str(&format!("Bearer tenant-{tenant}")).unwrap());
+    let tenant = TenantSource::Authorization.tenant_of(&headers);
+    ScopedKey::new(&tenant, &IdempotencyKey::new(key).unwrap()).to_hex()
+}

@@ -1,0 +1,113 @@
+//! Malformed and hostile HTTP gets a clear error and does not stall other
+//! clients: oversized headers, slow headers, broken chunked bodies, huge
+//! declared bodies. Raw TCP, so the client can misbehave on purpose.
+
+mod support;
+
+use std::time::Duration;
+
+use idemgate::config::ConfigDuration;
+use support::gateway::{TestGateway, config};
+use support::upstream::Upstream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends raw bytes and reads until the server closes or 5 s pass.
+async fn exchange(gateway: &TestGateway, raw: &[u8]) -> String {
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream.write_all(raw).await.unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut reply)).await;
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+fn status_of(reply: &str) -> u16 {
+    reply.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn oversized_headers_are_refused_with_431() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let raw = format!(
+        "POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k\r\nx-big: {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let reply = exchange(&gateway, raw.as_bytes()).await;
+    assert_eq!(status_of(&reply), 431, "{}", &reply[..reply.len().min(200)]);
+    assert_eq!(upstream.total(), 0);
+}
+
+#[tokio::test]
+async fn a_client_that_sends_headers_slowly_is_cut_off_without_stalling_others() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.header_read_timeout = ConfigDuration(Duration::from_millis(500));
+    let gateway = TestGateway::start(config).await;
+    let mut slow = TcpStream::connect(gateway.addr).await.unwrap();
+    slow.write_all(b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-").await.unwrap();
+    // Meanwhile a well-behaved client is served at once.
+    assert_eq!(gateway.post("/charge").key("fast").json("{}").send().await.status, 201);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the slow client's connection is closed by the header read timeout");
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn a_broken_chunked_body_is_400_and_creates_no_record() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let raw = b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k-chunk\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\nzz\r\nnot hex\r\n0\r\n\r\n";
+    let reply = exchange(&gateway, raw).await;
+    assert!(reply.is_empty() || status_of(&reply) == 400, "{reply}");
+    assert_eq!(upstream.total(), 0);
+    // No record was left behind: the key runs normally.
+    let ok = gateway.post("/charge").key("k-chunk").json("{}").send().await;
+    assert_eq!(ok.status, 201);
+    assert!(!ok.replayed());
+}
+
+#[tokio::test]
+async fn a_body_cut_off_mid_way_creates_no_record() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k-cut\r\ncontent-length: 100\r\n\r\n{\"amount\":",
+        )
+        .await
+        .unwrap();
+    drop(stream);
+    let ok = gateway.post("/charge").key("k-cut").json("{}").send().await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn a_huge_declared_body_is_413_before_it_is_sent() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let raw = b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k-huge\r\ncontent-length: 10000000000\r\nconnection: close\r\n\r\n";
+    let reply = exchange(&gateway, raw).await;
+    assert_eq!(status_of(&reply), 413, "{reply}");
+    assert!(reply.contains("urn:idemgate:problem:body-too-large"));
+    assert_eq!(upstream.total(), 0);
+}
+
+#[tokio::test]
+async fn a_huge_chunked_body_is_413_once_it_passes_the_limit() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.max_request_body = idemgate::config::ByteSize(64 * 1024);
+    let gateway = TestGateway::start(config).await;
+    let mut raw = b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_vec();
+    for _ in 0..20 {
+        raw.extend_from_slice(format!("{:x}\r\n{}\r\n", 8192, "x".repeat(8192)).as_bytes());
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let reply = exchange(&gateway, &raw).await;
+    assert_eq!(status_of(&reply), 413, "{}", &reply[..reply.len().min(300)]);
+    assert_eq!(upstream.total(), 0);
+}
