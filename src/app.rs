@@ -80,7 +80,7 @@ pub async fn serve_on(
     let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
     let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
-    let admin = Arc::new(Admin::new(gateway.clone(), access));
+    let admin = Arc::new(Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?));
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;
@@ -89,6 +89,15 @@ pub async fn serve_on(
     let _ = stop_admin.send(());
     let _ = admin_task.await;
     Ok(())
+}
+
+/// The outbox database the admin API lists dead rows from, when the config
+/// names one. Connections open lazily: a database that is down at start
+/// shows in `/readyz`, it does not stop the gateway.
+fn outbox_database(config: &Config) -> Result<Option<crate::outbox::Database>, String> {
+    let Some(url) = &config.relay.database_url else { return Ok(None) };
+    let schema = crate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+    crate::outbox::Database::connect(url.expose(), 2, schema).map(Some).map_err(|e| e.to_string())
 }
 
 /// The listener limits a config sets.

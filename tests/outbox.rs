@@ -208,6 +208,43 @@ async fn a_4xx_is_dead_at_once_and_a_redrive_delivers_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_rows_are_listed_and_redriven_through_the_admin_api() {
+    const TOKEN: &str = "outbox-admin-token-0123456789";
+    let fx = Fixture::start().await;
+    let key = fx.enqueue("order:11", json!({"secret": "card"}), None).await;
+    fx.sink.fail_with(Some(400));
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.dead, 1);
+    let mut config = support::gateway::config(&fx.sink.url(), "memory://");
+    config.admin.token = Some(idemgate::config::Secret::new(TOKEN));
+    config.relay.database_url = Some(idemgate::config::ServiceUrl::new(fx.schema.url.clone()));
+    config.relay.schema = fx.schema.name().to_string();
+    let gateway = support::gateway::TestGateway::start(config).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let admin = |method: &'static str, path: &'static str| gateway.admin(method, path).header("authorization", &bearer);
+
+    let ready = gateway.admin("GET", "/readyz").send().await;
+    assert_eq!((ready.status, ready.text().contains("\"database\":\"ok\"")), (200, true), "{}", ready.text());
+    let listed = admin("GET", "/admin/outbox/dead?limit=10").send().await;
+    assert_eq!(listed.status, 200);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.body).unwrap();
+    assert_eq!(rows["rows"][0]["derived_key"], key);
+    assert!(!listed.text().contains("card"), "payloads are never listed");
+    let id = rows["rows"][0]["id"].as_i64().unwrap();
+    assert_eq!(admin("GET", "/admin/outbox/dead?limit=0").send().await.status, 400);
+    assert_eq!(admin("POST", "/admin/outbox/dead/x/redrive").send().await.status, 400);
+    assert_eq!(admin("POST", "/admin/outbox/dead/999999/redrive").send().await.status, 404);
+    assert_eq!(gateway.admin("POST", "/admin/outbox/redrive").send().await.status, 401, "bearer required");
+
+    let path: &'static str = format!("/admin/outbox/dead/{id}/redrive").leak();
+    let redriven = admin("POST", path).send().await;
+    assert_eq!((redriven.status, redriven.text()), (200, "{\"redriven\":1}".to_string()));
+    fx.sink.fail_with(None);
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
+    assert_eq!(admin("POST", "/admin/outbox/redrive").send().await.text(), "{\"redriven\":0}");
+    assert_eq!(fx.sink.count_for(&key), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_is_retried_until_max_attempts_then_dead() {
     let fx = Fixture::start().await;
     let key = fx.enqueue("order:7", json!({"status": 503}), None).await;
