@@ -30,10 +30,15 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
 /// `serve --relay`: the gateway and the outbox relay in one process. One
 /// signal stops both: the gateway drains, the relay finishes its batch.
 pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let gateway = build(config).await?;
     let (relay, listen) = crate::outbox::relay::from_config(config).await?;
+    // One /metrics for both halves.
+    let relay = relay.with_metrics(gateway.metrics().clone());
+    let listeners =
+        Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
     let stop = tokio_util::sync::CancellationToken::new();
     let relay_task = tokio::spawn(relay.run(listen, stop.clone()));
-    let gateway = serve(config, stop.clone().cancelled_owned());
+    let gateway = serve_on(listeners, gateway, config, stop.clone().cancelled_owned());
     tokio::pin!(gateway);
     let served = tokio::select! {
         served = &mut gateway => served,

@@ -255,6 +255,30 @@ async fn a_5xx_is_retried_until_max_attempts_then_dead() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_reports_attempts_latencies_and_backlog_in_metrics() {
+    let fx = Fixture::start().await;
+    fx.enqueue("fails", json!({"status": 503}), None).await;
+    fx.enqueue("works", json!({}), None).await;
+    let metrics = std::sync::Arc::new(idemgate::metrics::Metrics::new());
+    let relay = fx.relay(LEASE).with_metrics(metrics.clone());
+    fx.drain(&relay).await;
+    relay.refresh_gauges().await.unwrap();
+    let text = String::from_utf8(metrics.render()).unwrap();
+    for line in [
+        r#"idemgate_outbox_delivery_attempts_total{destination="sink",outcome="delivered"} 1"#,
+        r#"idemgate_outbox_delivery_attempts_total{destination="sink",outcome="retried"} 2"#,
+        r#"idemgate_outbox_delivery_attempts_total{destination="sink",outcome="dead"} 1"#,
+        r#"idemgate_outbox_publish_duration_seconds_count{destination="sink"} 4"#,
+        r#"idemgate_outbox_commit_to_delivery_seconds_count{destination="sink"} 1"#,
+        r#"idemgate_outbox_rows{destination="sink",state="dead"} 1"#,
+        r#"idemgate_outbox_rows{destination="sink",state="ready"} 0"#,
+        r#"idemgate_outbox_oldest_ready_age_seconds{destination="sink"} 0"#,
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_with_retry_after_waits_at_least_that_long() {
     let mut fx = Fixture::start().await;
     fx.destination.backoff_max = idemgate::config::ConfigDuration(Duration::from_secs(60));

@@ -86,7 +86,8 @@ WITH done AS (
 INSERT INTO idemgate.delivered (id, derived_key, destination, operation, business_key, ordering_key,
                                 ordering_seq, attempts, enqueued_at, delivered_at)
 SELECT id, derived_key, destination, operation, business_key, ordering_key, ordering_seq, attempts, created_at, now()
-  FROM done";
+  FROM done
+RETURNING extract(epoch FROM delivered_at - enqueued_at)::float8";
 
 const RETRY: &str = "
 UPDATE idemgate.outbox
@@ -176,7 +177,58 @@ pub async fn renew(db: &Database, fence: Fence, lease: Duration) -> Result<bool,
 
 /// Records the delivery (moves the row to history); `false` when the claim was lost.
 pub async fn complete(db: &Database, fence: Fence) -> Result<bool, OutboxError> {
-    fenced(db, COMPLETE, &[&fence.id, &fence.attempts]).await
+    Ok(complete_measured(db, fence).await?.is_some())
+}
+
+/// [`complete`], reporting the time from enqueue to delivery by the
+/// database clock; `None` when the claim was lost.
+pub async fn complete_measured(db: &Database, fence: Fence) -> Result<Option<Duration>, OutboxError> {
+    let (client, statement) = db.prepare(COMPLETE).await?;
+    let row = client.query_opt(&statement, &[&fence.id, &fence.attempts]).await?;
+    let seconds: Option<f64> = row.map(|r| r.try_get(0)).transpose()?;
+    Ok(seconds.map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)))
+}
+
+/// One destination's backlog, for the gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    /// The destination.
+    pub destination: String,
+    /// Rows waiting (due or backing off).
+    pub ready: i64,
+    /// Rows claimed right now.
+    pub leased: i64,
+    /// Dead rows.
+    pub dead: i64,
+    /// Age of the oldest waiting row since it was enqueued, by the database clock.
+    pub oldest_ready_age: Duration,
+}
+
+/// The backlog of every destination that has rows.
+pub async fn backlog(db: &Database) -> Result<Vec<Backlog>, OutboxError> {
+    let (client, statement) = db
+        .prepare(
+            "SELECT destination,
+                    count(*) FILTER (WHERE state = 'ready'),
+                    count(*) FILTER (WHERE state = 'leased'),
+                    count(*) FILTER (WHERE state = 'dead'),
+                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'ready')), 0)::float8
+               FROM idemgate.outbox GROUP BY destination",
+        )
+        .await?;
+    let rows = client.query(&statement, &[]).await?;
+    rows.iter()
+        .map(|r| {
+            let age: f64 = r.try_get(4)?;
+            Ok(Backlog {
+                destination: r.try_get(0)?,
+                ready: r.try_get(1)?,
+                leased: r.try_get(2)?,
+                dead: r.try_get(3)?,
+                oldest_ready_age: Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
+            })
+        })
+        .collect()
 }
 
 /// Makes the row claimable again after `delay`; `false` when the claim was lost.

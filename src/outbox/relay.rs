@@ -20,6 +20,11 @@
 //! the claim gone (the lease ran out and was reaped) is counted as lost;
 //! the publish is left to finish, and its settlement then changes nothing.
 //!
+//! Metrics (shared with the gateway under `serve --relay`): attempts by
+//! destination and outcome, publish latency, enqueue-to-delivery latency
+//! (database clock), lost leases, and — refreshed every `reap_interval` —
+//! rows per destination and state and the oldest waiting row's age.
+//!
 //! A claimed row whose attempt count is already past `max_attempts` (its
 //! earlier attempts ended in expired leases: a relay crashed, or the
 //! message crashes relays) is buried without another publish.
@@ -37,6 +42,7 @@ use super::publisher::{Attempt, HttpPublisher, Publisher};
 use super::retry::{Next, RetryPolicy};
 use super::{Database, OutboxError, Schema, migrate};
 use crate::config::{Config, RelayConfig};
+use crate::metrics::Metrics;
 
 /// How often the history retention job runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
@@ -99,6 +105,7 @@ struct Inner<P> {
     policies: BTreeMap<String, RetryPolicy>,
     destinations: Vec<String>,
     settings: Settings,
+    metrics: Arc<Metrics>,
 }
 
 /// A relay serving the destinations it has policies for. Cheap to clone.
@@ -116,7 +123,42 @@ impl<P: Publisher> Relay<P> {
     /// A relay that claims only rows of the destinations in `policies`.
     pub fn new(db: Database, publisher: P, policies: BTreeMap<String, RetryPolicy>, settings: Settings) -> Self {
         let destinations = policies.keys().cloned().collect();
-        Self { inner: Arc::new(Inner { db, publisher, policies, destinations, settings }) }
+        let metrics = Arc::new(Metrics::new());
+        Self { inner: Arc::new(Inner { db, publisher, policies, destinations, settings, metrics }) }
+    }
+
+    /// Reports into `metrics` (call before the relay is cloned or run).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = metrics;
+        }
+        self
+    }
+
+    /// The metrics it reports into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Sets the backlog gauges from the database.
+    pub async fn refresh_gauges(&self) -> Result<(), OutboxError> {
+        let backlog = claim::backlog(&self.inner.db).await?;
+        let m = &self.inner.metrics;
+        for destination in &self.inner.destinations {
+            let row = backlog.iter().find(|b| &b.destination == destination);
+            for (state, count) in [
+                ("ready", row.map_or(0, |b| b.ready)),
+                ("leased", row.map_or(0, |b| b.leased)),
+                ("dead", row.map_or(0, |b| b.dead)),
+            ] {
+                m.outbox_rows.with_label_values(&[destination.as_str(), state]).set(count);
+            }
+            let age = row.map_or(0, |b| b.oldest_ready_age.as_secs());
+            m.outbox_oldest_ready_age
+                .with_label_values(&[destination.as_str()])
+                .set(i64::try_from(age).unwrap_or(i64::MAX));
+        }
+        Ok(())
     }
 
     /// The database it uses.
@@ -156,14 +198,30 @@ impl<P: Publisher> Relay<P> {
         let Some(policy) = self.inner.policies.get(&row.destination).copied() else {
             return Settled::Error; // unreachable: the claim filters by destination
         };
+        let started = Instant::now();
         let settled = if row.attempt > policy.max_attempts {
             let reason = "attempts exhausted: earlier attempts ended without a result (expired leases)";
             claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Settled::Dead } else { Settled::Lost })
         } else {
             // A lease lost mid-publish shows again in the fenced settlement.
             let attempt = self.publish_renewing(&row).await;
+            let m = &self.inner.metrics;
+            m.outbox_publish_latency
+                .with_label_values(&[row.destination.as_str()])
+                .observe(started.elapsed().as_secs_f64());
             self.settle(&row, policy, attempt).await
         };
+        let outcome = match &settled {
+            Ok(Settled::Delivered) => "delivered",
+            Ok(Settled::Retried) => "retried",
+            Ok(Settled::Dead) => "dead",
+            Ok(Settled::Lost) => "lease_lost",
+            Err(_) | Ok(Settled::Error) => "error",
+        };
+        self.inner.metrics.outbox_attempts.with_label_values(&[row.destination.as_str(), outcome]).inc();
+        if matches!(settled, Ok(Settled::Lost)) {
+            self.inner.metrics.outbox_lease_lost.inc();
+        }
         match settled {
             Ok(settled) => settled,
             Err(e) => {
@@ -177,7 +235,14 @@ impl<P: Publisher> Relay<P> {
         let pool = &self.inner.db;
         let lost_unless = |ok: bool, settled: Settled| if ok { settled } else { Settled::Lost };
         match attempt {
-            Attempt::Delivered => Ok(lost_unless(claim::complete(pool, row.fence).await?, Settled::Delivered)),
+            Attempt::Delivered => match claim::complete_measured(pool, row.fence).await? {
+                Some(waited) => {
+                    let histogram = &self.inner.metrics.outbox_commit_to_delivery;
+                    histogram.with_label_values(&[row.destination.as_str()]).observe(waited.as_secs_f64());
+                    Ok(Settled::Delivered)
+                }
+                None => Ok(Settled::Lost),
+            },
             Attempt::Failed { class, retry_after, reason } => {
                 let unit: f64 = rand::random();
                 match policy.after_failure(class, row.attempt, retry_after, unit) {
@@ -238,6 +303,9 @@ impl<P: Publisher> Relay<P> {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(rows = n, "returned expired outbox leases"),
                     Err(e) => tracing::warn!(error = %e, "outbox reaper failed"),
+                }
+                if let Err(e) = self.refresh_gauges().await {
+                    tracing::debug!(error = %e, "outbox gauges not refreshed");
                 }
                 next_reap = Instant::now() + s.reap_interval;
             }
