@@ -184,6 +184,48 @@ async fn a_relay_killed_and_restarted_mid_run_causes_each_effect_exactly_once() 
     eprintln!("{ROWS} rows, {KILLS} SIGKILLs: {attempts} attempts, {} beyond the first", attempts - ROWS as i64);
 }
 
+/// A plain HTTP/1.1 GET; returns the status line and body.
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_relay_serves_probes_and_metrics_when_asked_to() {
+    let schema = TestSchema::create().await;
+    let sink = support::sink::Sink::start().await;
+    let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let text =
+        relay_config(&schema, &sink.url()).replace("[relay]\n", &format!("[relay]\nadmin_listen = \"{probes}\"\n"));
+    let file = ConfigFile::new(&text);
+    let relay = Process::spawn(&["relay", "--config", file.path()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(probes).is_err() {
+        assert!(Instant::now() < deadline, "the relay did not listen on {probes}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    enqueue_payments(&schema, 2).await;
+    assert!(sink.wait_for(2, Duration::from_secs(30)).await);
+    wait_until_drained(&schema).await;
+    let probe = move |path: &'static str| tokio::task::spawn_blocking(move || http_get(probes, path));
+    assert_eq!(probe("/healthz").await.unwrap().0, 200);
+    let (status, body) = probe("/readyz").await.unwrap();
+    assert_eq!((status, body.contains("\"database\":\"ok\"")), (200, true), "{body}");
+    let (status, metrics) = probe("/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(r#"idemgate_outbox_delivery_attempts_total{destination="payments",outcome="delivered"} 2"#),
+        "{metrics}"
+    );
+    assert_eq!(probe("/admin/outbox/dead").await.unwrap().0, 404, "no admin API on the relay's listener");
+    assert!(relay.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_relay_runs_the_gateway_and_the_relay_in_one_process() {
     let schema = TestSchema::create().await;

@@ -22,6 +22,7 @@
 mod auth;
 mod outbox;
 mod query;
+pub mod relay;
 
 use std::convert::Infallible;
 use std::sync::Arc;
