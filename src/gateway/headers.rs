@@ -40,6 +40,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::PROXY_AUTHORIZATION);
 }
 
+/// Prepares an upstream response head for the client: hop-by-hop headers
+/// go, and the version is reset so the listener answers in the client's
+/// protocol (an HTTP/1.0 upstream must not turn the client's reply into 1.0).
+pub fn clean_response_head(head: &mut http::response::Parts) {
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::default();
+}
+
 /// The headers of an upstream response as they will be stored: hop-by-hop
 /// headers were already removed; deny-listed ones are dropped here.
 pub fn headers_to_store(headers: &HeaderMap, deny: &[HeaderName]) -> Vec<(String, Bytes)> {
