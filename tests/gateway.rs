@@ -421,3 +421,13 @@ async fn responses_are_sealed_at_rest_in_redis_when_keys_are_configured() {
     assert!(!raw.windows(first.body.len()).any(|w| w == &first.body[..]), "the body is not stored in clear");
     assert!(!raw.windows(16).any(|w| w == b"application/json"), "nor are the headers");
 }
+
+#[tokio::test]
+async fn a_route_may_keep_the_clients_host_header() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.routes[0].keep_host = true;
+    let gateway = TestGateway::start(config).await;
+    gateway.get("/anything").header("host", "api.example.test").send().await;
+    assert_eq!(upstream.last_headers()["host"], "api.example.test");
+}

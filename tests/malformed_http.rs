@@ -111,3 +111,25 @@ async fn a_huge_chunked_body_is_413_once_it_passes_the_limit() {
     assert_eq!(status_of(&reply), 413, "{}", &reply[..reply.len().min(300)]);
     assert_eq!(upstream.total(), 0);
 }
+
+#[tokio::test]
+async fn an_http_1_0_upstream_does_not_downgrade_the_clients_reply() {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream.write_all(b"HTTP/1.0 201 Created\r\ncontent-length: 2\r\n\r\nok").await;
+            });
+        }
+    });
+    let gateway = TestGateway::start(config(&format!("http://{upstream}"), "memory://")).await;
+    let raw =
+        b"POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k10\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    for _ in 0..2 {
+        let reply = exchange(&gateway, raw).await;
+        assert!(reply.starts_with("HTTP/1.1 201"), "{reply}");
+    }
+}

@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use super::body::{Prefixed, ResponseBody, boxed, full};
-use super::headers::{IDEMPOTENT_REPLAYED, headers_to_store, strip_hop_by_hop};
+use super::headers::{IDEMPOTENT_REPLAYED, clean_response_head, headers_to_store};
 use super::problem::Problem;
 use super::routes::Route;
 use super::upstream::{ClientInfo, UpstreamError, rewrite};
@@ -200,7 +200,7 @@ impl<S: Store> Attempt<S> {
             let response = self.route.upstream.send(request, timeout).await?;
             let (mut head, mut body) = response.into_parts();
             status = Some(head.status);
-            strip_hop_by_hop(&mut head.headers);
+            clean_response_head(&mut head);
             let mut prefix = BytesMut::new();
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(UpstreamError::Body)?;

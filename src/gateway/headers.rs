@@ -14,7 +14,7 @@ use bytes::Bytes;
 /// The header that marks a replayed response.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -23,21 +23,37 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
 ];
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+    // Runs twice per proxied request, so it removes only what is there: one
+    // pass over a message's few names is far cheaper than a hashed remove
+    // for each of the nine hop-by-hop names, and most messages carry none
+    // of them (or only `Connection: keep-alive`).
+    let mut doomed: Vec<HeaderName> = headers.keys().filter(|name| HOP_BY_HOP.contains(name)).cloned().collect();
+    if doomed.is_empty() {
+        return;
+    }
+    let named = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(&HOP_BY_HOP) {
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
+    doomed.extend(named);
+    for name in &doomed {
         headers.remove(name);
     }
-    headers.remove(header::PROXY_AUTHORIZATION);
+}
+
+/// Prepares an upstream response head for the client: hop-by-hop headers
+/// go, and the version is reset so the listener answers in the client's
+/// protocol (an HTTP/1.0 upstream must not turn the client's reply into 1.0).
+pub fn clean_response_head(head: &mut http::response::Parts) {
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::default();
 }
 
 /// The headers of an upstream response as they will be stored: hop-by-hop
@@ -64,6 +80,17 @@ mod tests {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn proxy_credentials_are_removed_and_end_to_end_headers_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::PROXY_AUTHORIZATION, HeaderValue::from_static("Basic eA=="));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        strip_hop_by_hop(&mut headers);
         assert!(headers.contains_key(header::CONTENT_TYPE));
     }
 

@@ -237,7 +237,7 @@ impl<S: Store> Gateway<S> {
         match result {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
-                headers::strip_hop_by_hop(&mut parts.headers);
+                headers::clean_response_head(&mut parts);
                 Response::from_parts(parts, boxed(body))
             }
             Err(e) => {

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -90,6 +90,10 @@ pub struct ClientInfo {
     pub tls: bool,
 }
 
+// Parsed once: a `&str` header name is parsed and hashed again on every use.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Turns a client request into the upstream request.
 pub fn rewrite(
     route: &Route,
@@ -107,14 +111,14 @@ pub fn rewrite(
         headers.remove(header::HOST);
     }
     let ip = client.addr.ip().to_string();
-    let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(previous) => format!("{previous}, {ip}"),
         None => ip,
     };
     if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
-        headers.insert("x-forwarded-for", value);
+        headers.insert(&X_FORWARDED_FOR, value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(if client.tls { "https" } else { "http" }));
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if client.tls { "https" } else { "http" }));
     if let Some(key) = forwarded_key {
         headers.insert(&IDEMPOTENCY_KEY, key);
     }

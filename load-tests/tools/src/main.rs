@@ -1,0 +1,110 @@
+//! `lt`: the load-test harness's own tools, one binary with subcommands.
+//!
+//! wrk drives the closed-loop throughput scenarios; what wrk cannot do is
+//! here, each bounded in count and time so it always stops by itself:
+//!
+//! - `upstream`: a counting upstream (P5) that records how often each
+//!   `Idempotency-Key` reached it, with an optional delay so concurrent
+//!   duplicates really overlap the first attempt.
+//! - `burst`: P5's client — many concurrent requests on one key, repeated.
+//! - `rate`: an open-loop generator at a fixed request rate (P6), latency
+//!   measured from each request's *scheduled* send time so a stall is not
+//!   hidden (no coordinated omission).
+//! - `hold`: opens many keep-alive connections, sends one request on each,
+//!   and holds them idle (P10).
+//!
+//! Every tool prints one JSON object on stdout for `load-tests/run` to read.
+//! Targets are loopback addresses only; anything else is refused.
+
+mod burst;
+mod client;
+mod hold;
+mod rate;
+mod upstream;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1);
+    let Some(command) = argv.next() else {
+        eprintln!("usage: lt upstream|burst|rate|hold --flag value ...");
+        return ExitCode::from(2);
+    };
+    let result = Args::parse(argv).and_then(|args| match command.as_str() {
+        "upstream" => upstream::main(&args),
+        "burst" => burst::main(&args),
+        "rate" => rate::main(&args),
+        "hold" => hold::main(&args),
+        other => Err(format!("unknown command {other:?}")),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("lt {command}: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--name value` pairs; every tool documents its own.
+pub struct Args(HashMap<String, String>);
+
+impl Args {
+    fn parse(argv: impl Iterator<Item = String>) -> Result<Self, String> {
+        let mut map = HashMap::new();
+        let mut argv = argv.peekable();
+        while let Some(flag) = argv.next() {
+            let name = flag.strip_prefix("--").ok_or_else(|| format!("expected --flag, got {flag:?}"))?;
+            let value = argv.next().ok_or_else(|| format!("--{name} needs a value"))?;
+            map.insert(name.to_string(), value);
+        }
+        Ok(Self(map))
+    }
+
+    /// A string flag, or its default.
+    pub fn str(&self, name: &str, default: &str) -> String {
+        self.0.get(name).cloned().unwrap_or_else(|| default.to_string())
+    }
+
+    /// A number flag, or its default.
+    pub fn num(&self, name: &str, default: u64) -> Result<u64, String> {
+        self.0.get(name).map_or(Ok(default), |v| v.parse().map_err(|_| format!("--{name}: {v:?} is not a number")))
+    }
+
+    /// A loopback socket address (the only kind of target these tools accept).
+    pub fn loopback(&self, name: &str) -> Result<SocketAddr, String> {
+        let raw = self.0.get(name).ok_or_else(|| format!("--{name} is required"))?;
+        let addr: SocketAddr = raw.parse().map_err(|_| format!("--{name}: {raw:?} is not host:port"))?;
+        if !addr.ip().is_loopback() {
+            return Err(format!("--{name}: {addr} is not a loopback address"));
+        }
+        Ok(addr)
+    }
+}
+
+/// Latency samples in microseconds, summarised as percentiles.
+pub fn percentiles(samples: &mut [u64]) -> String {
+    samples.sort_unstable();
+    let at = |q: f64| -> u64 {
+        if samples.is_empty() {
+            return 0;
+        }
+        let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        samples[rank - 1]
+    };
+    format!(
+        "\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}",
+        at(0.50),
+        at(0.90),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    )
+}
+
+/// A small multi-threaded runtime for the tools.
+pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().map_err(|e| e.to_string())
+}
