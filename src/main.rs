@@ -27,7 +27,7 @@ enum Command {
         listen: SocketAddr,
     },
     /// Run the outbox relay (destinations come from the config file).
-    Relay(DatabaseArgs),
+    Relay(RelayArgs),
     /// Create or upgrade the Postgres schema `idemgate` (idempotent).
     Migrate(DatabaseArgs),
 }
@@ -42,9 +42,22 @@ struct DatabaseArgs {
     database_url: Option<String>,
 }
 
+#[derive(Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Admin listen address: probes, metrics, dead rows [default: 127.0.0.1:9090].
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+}
+
 impl DatabaseArgs {
     fn load(&self) -> Result<Config, String> {
-        let flags = Overrides { database_url: self.database_url.clone(), ..Default::default() };
+        self.load_with(None)
+    }
+
+    fn load_with(&self, admin_listen: Option<SocketAddr>) -> Result<Config, String> {
+        let flags = Overrides { database_url: self.database_url.clone(), admin_listen, ..Default::default() };
         Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
     }
 }
@@ -132,7 +145,7 @@ fn run(command: Command) -> Result<(), String> {
             idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await
         }),
         Command::Relay(args) => {
-            let config = args.load()?;
+            let config = args.database.load_with(args.admin_listen)?;
             idemgate::app::init_logging(&config);
             for warning in config.validate().map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");

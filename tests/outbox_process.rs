@@ -69,8 +69,20 @@ struct Process(Child);
 
 impl Process {
     fn spawn(args: &[&str]) -> Self {
+        Self::spawn_with_env(args, &[])
+    }
+
+    /// `idemgate relay --config FILE` with its admin listener on a free port.
+    fn relay(config: &ConfigFile, env: &[(&str, &str)]) -> (Self, SocketAddr) {
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin_text = admin.to_string();
+        (Self::spawn_with_env(&["relay", "--config", config.path(), "--admin-listen", &admin_text], env), admin)
+    }
+
+    fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(BINARY)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -141,7 +153,9 @@ async fn migrate_from_the_command_line_is_idempotent() {
 async fn a_relay_refuses_to_start_on_an_unmigrated_schema() {
     let schema = TestSchema::unmigrated().await;
     let file = ConfigFile::new(&relay_config(&schema, "http://127.0.0.1:9/x"));
-    let output = Command::new(BINARY).args(["relay", "--config", file.path()]).output().unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let output =
+        Command::new(BINARY).args(["relay", "--config", file.path(), "--admin-listen", &admin]).output().unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("idemgate migrate"), "{output:?}");
 }
@@ -161,11 +175,11 @@ async fn a_relay_killed_and_restarted_mid_run_causes_each_effect_exactly_once() 
     let file = ConfigFile::new(&relay_config(&schema, &format!("http://{}/slow?ms=5", gateway.addr)));
     enqueue_payments(&schema, ROWS).await;
 
-    let mut relay = Process::spawn(&["relay", "--config", file.path()]);
+    let mut relay = Process::relay(&file, &[]).0;
     for kill in 1..=KILLS {
         upstream.wait_finished(kill * ROWS as u64 / (KILLS + 1)).await;
         drop(relay); // SIGKILL: no chance to record what it just published
-        relay = Process::spawn(&["relay", "--config", file.path()]);
+        relay = Process::relay(&file, &[]).0;
     }
     wait_until_drained(&schema).await;
     assert!(relay.terminate().success(), "SIGTERM exits 0");
@@ -184,11 +198,12 @@ async fn a_relay_killed_and_restarted_mid_run_causes_each_effect_exactly_once() 
     eprintln!("{ROWS} rows, {KILLS} SIGKILLs: {attempts} attempts, {} beyond the first", attempts - ROWS as i64);
 }
 
-/// A plain HTTP/1.1 GET; returns the status line and body.
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// A plain HTTP/1.1 GET, with a bearer token or not; returns the status and body.
+fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = TcpStream::connect(addr).expect("connect");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
     let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -196,33 +211,33 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standalone_relay_serves_probes_and_metrics_when_asked_to() {
+async fn a_standalone_relay_serves_probes_metrics_and_dead_rows_on_its_admin_listener() {
+    const TOKEN: &str = "relay-admin-token-0123456789";
     let schema = TestSchema::create().await;
     let sink = support::sink::Sink::start().await;
-    let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let text =
-        relay_config(&schema, &sink.url()).replace("[relay]\n", &format!("[relay]\nadmin_listen = \"{probes}\"\n"));
-    let file = ConfigFile::new(&text);
-    let relay = Process::spawn(&["relay", "--config", file.path()]);
+    let file = ConfigFile::new(&relay_config(&schema, &sink.url()));
+    let (relay, admin) = Process::relay(&file, &[("IDEMGATE__ADMIN__TOKEN", TOKEN)]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(probes).is_err() {
-        assert!(Instant::now() < deadline, "the relay did not listen on {probes}");
+    while TcpStream::connect(admin).is_err() {
+        assert!(Instant::now() < deadline, "the relay did not listen on {admin}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     enqueue_payments(&schema, 2).await;
     assert!(sink.wait_for(2, Duration::from_secs(30)).await);
     wait_until_drained(&schema).await;
-    let probe = move |path: &'static str| tokio::task::spawn_blocking(move || http_get(probes, path));
-    assert_eq!(probe("/healthz").await.unwrap().0, 200);
-    let (status, body) = probe("/readyz").await.unwrap();
+    let get = move |path: &'static str, auth: bool| {
+        tokio::task::spawn_blocking(move || http_get(admin, path, auth.then_some(TOKEN)))
+    };
+    assert_eq!(get("/healthz", false).await.unwrap().0, 200);
+    let (status, body) = get("/readyz", false).await.unwrap();
     assert_eq!((status, body.contains("\"database\":\"ok\"")), (200, true), "{body}");
-    let (status, metrics) = probe("/metrics").await.unwrap();
+    let (status, metrics) = get("/metrics", false).await.unwrap();
     assert_eq!(status, 200);
-    assert!(
-        metrics.contains(r#"idemgate_outbox_delivery_attempts_total{destination="payments",outcome="delivered"} 2"#),
-        "{metrics}"
-    );
-    assert_eq!(probe("/admin/outbox/dead").await.unwrap().0, 404, "no admin API on the relay's listener");
+    let delivered = r#"idemgate_outbox_delivery_attempts_total{destination="payments",outcome="delivered"} 2"#;
+    assert!(metrics.contains(delivered), "{metrics}");
+    assert_eq!(get("/admin/outbox/dead", false).await.unwrap().0, 401);
+    assert_eq!(get("/admin/outbox/dead", true).await.unwrap(), (200, "{\"rows\":[]}".to_string()));
+    assert_eq!(get("/admin/keys/k", true).await.unwrap().0, 404, "no gateway routes on a relay");
     assert!(relay.terminate().success());
 }
 

@@ -18,6 +18,8 @@
 //! exactly the record that client's retries would, and no other. The
 //! stored body is never returned: it may hold a customer's data.
 //! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step.
+//! A standalone relay serves the probes, metrics and outbox routes on its
+//! own listener ([`relay`]).
 
 mod auth;
 mod outbox;

@@ -41,10 +41,6 @@ pub struct RelayConfig {
     pub history_retention: ConfigDuration,
     /// Wake up on `LISTEN/NOTIFY` (polling runs either way).
     pub listen: bool,
-    /// Where a standalone `idemgate relay` serves `/healthz`, `/readyz` and
-    /// `/metrics` (off unless set; under `serve --relay` the admin listener does).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_listen: Option<std::net::SocketAddr>,
     /// The schema holding the outbox (`idemgate`; another name for tests
     /// or several independent outboxes in one database).
     pub schema: String,
@@ -61,7 +57,6 @@ impl Default for RelayConfig {
             reap_interval: secs(5),
             history_retention: secs(7 * 86_400),
             listen: true,
-            admin_listen: None,
             schema: "idemgate".into(),
         }
     }

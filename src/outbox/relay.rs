@@ -353,30 +353,24 @@ pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Optio
 }
 
 /// `idemgate relay`: runs the configured relay until `shutdown` resolves,
-/// with its probe and metrics listener when `relay.admin_listen` is set.
+/// with its admin listener (probes, metrics, dead rows) on `admin_listen`.
 pub async fn run_from_config(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let (relay, listen) = from_config(config).await?;
+    let access = crate::admin::AdminAccess::from_config(&config.admin)?;
+    let listener = crate::gateway::server::bind(config.admin_listen).await?;
+    let admin = crate::admin::relay::RelayAdmin::new(relay.database().clone(), relay.metrics().clone(), access);
+    // The admin listener outlives the relay's drain, so probes answer until the end.
+    let admin_stop = CancellationToken::new();
+    let admin_task =
+        tokio::spawn(crate::admin::relay::serve(listener, Arc::new(admin), admin_stop.clone().cancelled_owned()));
+    tracing::info!(destinations = config.destinations.len(), admin = %config.admin_listen, "idemgate relay running");
     let stop = CancellationToken::new();
-    // The probes outlive the relay's drain, so they answer until the end.
-    let probes_stop = CancellationToken::new();
-    let probes = match config.relay.admin_listen {
-        Some(address) => {
-            let listener = crate::gateway::server::bind(address).await?;
-            tracing::info!(admin = %address, "relay probes and metrics listening");
-            let (db, metrics) = (relay.database().clone(), relay.metrics().clone());
-            Some(tokio::spawn(crate::admin::relay::serve(listener, db, metrics, probes_stop.clone().cancelled_owned())))
-        }
-        None => None,
-    };
-    tracing::info!(destinations = config.destinations.len(), "idemgate relay running");
     let running = tokio::spawn(relay.run(listen, stop.clone()));
     shutdown.await;
     tracing::info!("relay stopping: finishing the running batch");
     stop.cancel();
     let finished = running.await.map_err(|e| e.to_string());
-    probes_stop.cancel();
-    if let Some(probes) = probes {
-        let _ = probes.await;
-    }
+    admin_stop.cancel();
+    let _ = admin_task.await;
     finished
 }
