@@ -22,7 +22,7 @@
 //!
 //! Metrics (shared with the gateway under `serve --relay`): attempts by
 //! destination and outcome, publish latency, enqueue-to-delivery latency
-//! (database clock), lost leases, and — refreshed every `reap_interval` —
+//! (database clock), lost leases, and — refreshed every [`GAUGES_EVERY`] —
 //! rows per destination and state and the oldest waiting row's age.
 //!
 //! A claimed row whose attempt count is already past `max_attempts` (its
@@ -46,6 +46,9 @@ use crate::metrics::Metrics;
 
 /// How often the history retention job runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
+/// How often the backlog gauges are refreshed: the query counts the whole
+/// outbox table, so not on every poll.
+pub const GAUGES_EVERY: Duration = Duration::from_secs(15);
 
 /// The knobs of one relay, from `[relay]`.
 #[derive(Debug, Clone, Copy)]
@@ -291,6 +294,7 @@ impl<P: Publisher> Relay<P> {
         let listener = listen.map(|config| tokio::spawn(super::listen::listen(config, wake.clone(), stop.clone())));
         let mut next_reap = Instant::now();
         let mut next_maintenance = Instant::now();
+        let mut next_gauges = Instant::now();
         while !stop.is_cancelled() {
             if Instant::now() >= next_maintenance {
                 if let Err(e) = claim::maintain_history(&self.inner.db, s.history_retention).await {
@@ -304,10 +308,13 @@ impl<P: Publisher> Relay<P> {
                     Ok(n) => tracing::info!(rows = n, "returned expired outbox leases"),
                     Err(e) => tracing::warn!(error = %e, "outbox reaper failed"),
                 }
+                next_reap = Instant::now() + s.reap_interval;
+            }
+            if Instant::now() >= next_gauges {
                 if let Err(e) = self.refresh_gauges().await {
                     tracing::debug!(error = %e, "outbox gauges not refreshed");
                 }
-                next_reap = Instant::now() + s.reap_interval;
+                next_gauges = Instant::now() + GAUGES_EVERY;
             }
             // Go again at once after any work: a full batch means more is
             // due, and a settled head lets its ordering key's next row go.
