@@ -437,6 +437,31 @@ async fn a_notification_wakes_a_relay_long_before_its_next_poll() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_listen_connection_reconnects_and_wakes_the_relay_again() {
+    let fx = Fixture::start().await;
+    let mut settings = support::outbox::settings(LEASE);
+    settings.poll_interval = Duration::from_secs(600);
+    settings.reap_interval = Duration::from_secs(600);
+    let relay = idemgate::outbox::relay::Relay::new(fx.schema.database(4), fx.publisher(), fx.policies(), settings);
+    let application = format!("listen-{}", fx.schema.name());
+    let mut listen = idemgate::outbox::parse_url(&fx.schema.url).unwrap();
+    listen.application_name(&application);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(relay.run(Some(listen), stop.clone()));
+    fx.enqueue("before", json!({}), None).await;
+    assert!(fx.sink.wait_for(1, Duration::from_secs(30)).await, "no wake-up before the drop");
+    // The database drops the LISTEN session (a restart, a proxy timeout...).
+    let admin = fx.schema.connect().await;
+    let kill = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1";
+    let killed: i64 = admin.query_one(kill, &[&application]).await.unwrap().get(0);
+    assert_eq!(killed, 1);
+    fx.enqueue("after", json!({}), None).await;
+    assert!(fx.sink.wait_for(2, Duration::from_secs(30)).await, "no wake-up after the drop");
+    stop.cancel();
+    running.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_retention_drops_whole_day_partitions() {
     let fx = Fixture::start().await;
     let client = fx.db.pool.get().await.unwrap();

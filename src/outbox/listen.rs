@@ -23,14 +23,23 @@ use super::CHANNEL;
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
-/// Listens until `stop` is cancelled, reconnecting as needed.
-pub async fn listen(config: tokio_postgres::Config, wake: Arc<Notify>, stop: CancellationToken) {
+/// Listens until `stop` is cancelled, reconnecting as needed. The session
+/// shows as `application_name = idemgate-listen` unless the config names one.
+pub async fn listen(mut config: tokio_postgres::Config, wake: Arc<Notify>, stop: CancellationToken) {
+    if config.get_application_name().is_none() {
+        config.application_name("idemgate-listen");
+    }
     let mut delay = RECONNECT_MIN;
     loop {
-        match listen_once(&config, &wake, &stop).await {
+        let mut connected = false;
+        match listen_once(&config, &wake, &stop, &mut connected).await {
             Ok(()) if stop.is_cancelled() => return,
             Ok(()) => tracing::warn!("outbox LISTEN connection closed; reconnecting"),
             Err(e) => tracing::warn!(error = %e, "outbox LISTEN connection failed; polling continues"),
+        }
+        // A connection that worked starts the backoff over.
+        if connected {
+            delay = RECONNECT_MIN;
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -44,6 +53,7 @@ async fn listen_once(
     config: &tokio_postgres::Config,
     wake: &Notify,
     stop: &CancellationToken,
+    connected: &mut bool,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = config.connect(NoTls).await?;
     let driver = async {
@@ -64,6 +74,7 @@ async fn listen_once(
         result = &mut driver => return result,
     }
     tracing::debug!("outbox LISTEN connected");
+    *connected = true;
     // Anything enqueued before LISTEN took effect sent its notification to no one.
     wake.notify_one();
     tokio::select! {
