@@ -18,8 +18,12 @@
 //! - [`retry`] — pure: outcome classes, backoff with full jitter, `Retry-After`.
 //! - [`publisher`] — the [`publisher::Publisher`] trait and the HTTP one.
 //! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
-//!   and the run loop around it (LISTEN/NOTIFY plus polling, reaper,
-//!   history retention).
+//!   and the run loop around it (polling, reaper, history retention, gauges).
+//! - [`listen`] — `LISTEN/NOTIFY` wake-ups on a connection outside the pool.
+//!
+//! The admin listener's outbox routes (dead rows, redrive) live in
+//! `crate::admin`. [`Schema`] lets the whole outbox live in a schema other
+//! than `idemgate` (tests use one per test).
 //!
 //! Guarantees and their limits:
 //!
@@ -32,7 +36,11 @@
 //! - **Per-ordering-key FIFO in commit order**; a failing (or dead) head
 //!   blocks only its own key. Rows without an ordering key go in parallel.
 //! - **Time** is only ever the database's `now()`: leases, backoffs and
-//!   retention are computed in SQL; the relay passes durations, never instants.
+//!   retention are computed in SQL; the relay passes durations, never
+//!   instants (its own poll and renewal cadence uses local monotonic timers).
+//! - **Known cost**: rows waiting behind a failing head are skipped by every
+//!   claim (its scan walks past them), so keep ordering keys fine-grained
+//!   (per customer, per order) rather than one key for a whole stream.
 
 pub mod claim;
 pub mod enqueue;
