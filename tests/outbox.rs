@@ -354,7 +354,13 @@ async fn enqueuers_of_one_ordering_key_are_serialised_so_delivery_follows_commit
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn four_relays_deliver_2000_rows_once_each_keeping_per_key_order() {
+/// Four relays share 2,000 rows; one of them crashes (its task is dropped
+/// mid-batch, like a killed process) after a quarter of the rows and a fifth
+/// takes its place. Every row is delivered; the only duplicates are rows the
+/// crashed relay held (at most one batch); per ordering key, first
+/// deliveries arrive in commit order.
+async fn four_relays_deliver_2000_rows_with_duplicates_only_from_a_crash_keeping_per_key_order() {
+    const CRASH_LEASE: Duration = Duration::from_secs(1);
     const ORDERED_KEYS: usize = 10;
     const PER_KEY: usize = 100;
     const UNORDERED: usize = 1000;
@@ -379,13 +385,22 @@ async fn four_relays_deliver_2000_rows_once_each_keeping_per_key_order() {
     eprintln!("enqueued 2000 rows in {:?}", started.elapsed());
     let delivering = std::time::Instant::now();
     let stop = CancellationToken::new();
-    let relays: Vec<_> = (0..4)
-        .map(|_| {
-            tokio::spawn(fx.relay(LEASE).run(Some(idemgate::outbox::parse_url(&fx.schema.url).unwrap()), stop.clone()))
-        })
-        .collect();
-    assert!(fx.sink.wait_for(2000, Duration::from_secs(60)).await, "only {} of 2000 delivered", fx.sink.count());
-    eprintln!("4 relays delivered 2000 rows in {:?}", delivering.elapsed());
+    let start_relay = || {
+        let listen = idemgate::outbox::parse_url(&fx.schema.url).unwrap();
+        tokio::spawn(fx.relay(CRASH_LEASE).run(Some(listen), stop.clone()))
+    };
+    let mut relays: Vec<_> = (0..4).map(|_| start_relay()).collect();
+    assert!(fx.sink.wait_for(500, Duration::from_secs(60)).await);
+    let crashed = relays.remove(0);
+    crashed.abort(); // no chance to record what it published or to release its leases
+    let _ = crashed.await;
+    relays.push(start_relay());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while fx.count("true").await > 0 {
+        assert!(std::time::Instant::now() < deadline, "{} rows left", fx.count("true").await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("4 relays (one crashed) delivered 2000 rows in {:?}", delivering.elapsed());
     stop.cancel();
     for relay in relays {
         relay.await.unwrap();
@@ -394,15 +409,20 @@ async fn four_relays_deliver_2000_rows_once_each_keeping_per_key_order() {
     let mut per_key: HashMap<&str, usize> = HashMap::new();
     let mut last_seq: BTreeMap<String, i64> = BTreeMap::new();
     for r in &received {
-        *per_key.entry(&r.key).or_default() += 1;
-        if let Some(key) = r.payload["key"].as_str() {
+        let seen = per_key.entry(&r.key).or_default();
+        *seen += 1;
+        // A late duplicate from the crashed relay may arrive after its
+        // successor; first deliveries must be in order.
+        if let (1, Some(key)) = (*seen, r.payload["key"].as_str()) {
             let seq = r.payload["seq"].as_i64().unwrap();
             let previous = last_seq.insert(key.to_string(), seq).unwrap_or(-1);
-            assert!(seq > previous, "key {key}: {seq} after {previous}");
+            assert!(seq > previous, "key {key}: {seq} first delivered after {previous}");
         }
     }
     assert_eq!(per_key.len(), 2000, "every row delivered");
-    assert!(per_key.values().all(|n| *n == 1), "no crash, so no duplicate");
+    let duplicates: usize = per_key.values().map(|n| n - 1).sum();
+    eprintln!("duplicates after one crash: {duplicates}");
+    assert!(duplicates <= 32, "{duplicates} duplicates: more than the crashed relay's one batch");
     assert_eq!((fx.count("true").await, fx.delivered().await), (0, 2000));
 }
 

@@ -291,7 +291,14 @@ impl<P: Publisher> Relay<P> {
     pub async fn run(self, listen: Option<tokio_postgres::Config>, stop: CancellationToken) {
         let s = self.inner.settings;
         let wake = Arc::new(Notify::new());
-        let listener = listen.map(|config| tokio::spawn(super::listen::listen(config, wake.clone(), stop.clone())));
+        // Dropping this future (an aborted task) must not leave the listener behind.
+        let listener = listen.map(|config| {
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(super::listen::listen(
+                config,
+                wake.clone(),
+                stop.clone(),
+            )))
+        });
         let mut next_reap = Instant::now();
         let mut next_maintenance = Instant::now();
         let mut next_gauges = Instant::now();
