@@ -15,6 +15,10 @@
 //! - on shutdown it stops claiming, lets the running batch finish (each
 //!   publish is bounded by its destination's timeout) and returns.
 //!
+//! A settlement (complete, retry, bury) that fails on a database error is
+//! tried twice more within about half a second; after that the row waits
+//! out its lease and is claimed again (published again, under its key).
+//!
 //! While a publish runs, its lease is renewed every third of `lease`, so a
 //! slow destination is never mistaken for a dead relay. A renewal that finds
 //! the claim gone (the lease ran out and was reaped) is counted as lost;
@@ -46,6 +50,8 @@ use crate::metrics::Metrics;
 
 /// How often the history retention job runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
+/// Pauses before the further tries of a settlement that failed.
+const SETTLE_RETRIES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 /// How often the backlog gauges are refreshed: the query counts the whole
 /// outbox table, so not on every poll.
 pub const GAUGES_EVERY: Duration = Duration::from_secs(15);
@@ -212,7 +218,18 @@ impl<P: Publisher> Relay<P> {
             m.outbox_publish_latency
                 .with_label_values(&[row.destination.as_str()])
                 .observe(started.elapsed().as_secs_f64());
-            self.settle(&row, policy, attempt).await
+            // A settlement that fails on a database hiccup is tried again a
+            // few times (the lease still holds): giving up means the row
+            // waits out its lease and, if it was delivered, goes out twice.
+            let mut settled = self.settle(&row, policy, attempt.clone()).await;
+            for pause in SETTLE_RETRIES {
+                if settled.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                settled = self.settle(&row, policy, attempt.clone()).await;
+            }
+            settled
         };
         let outcome = match &settled {
             Ok(Settled::Delivered) => "delivered",
