@@ -27,6 +27,31 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
     serve_on(listeners, gateway, config, shutdown).await
 }
 
+/// `serve --relay`: the gateway and the outbox relay in one process. One
+/// signal stops both: the gateway drains, the relay finishes its batch.
+pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let gateway = build(config).await?;
+    let (relay, listen) = crate::outbox::relay::from_config(config).await?;
+    // One /metrics for both halves.
+    let relay = relay.with_metrics(gateway.metrics().clone());
+    let listeners =
+        Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let relay_task = tokio::spawn(relay.run(listen, stop.clone()));
+    let gateway = serve_on(listeners, gateway, config, stop.clone().cancelled_owned());
+    tokio::pin!(gateway);
+    let served = tokio::select! {
+        served = &mut gateway => served,
+        _ = shutdown => {
+            stop.cancel();
+            gateway.await
+        }
+    };
+    stop.cancel();
+    relay_task.await.map_err(|e| e.to_string())?;
+    served
+}
+
 /// Opens the store and builds the gateway (no listener yet).
 pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {
@@ -60,7 +85,7 @@ pub async fn serve_on(
     let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
     let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
-    let admin = Arc::new(Admin::new(gateway.clone(), access));
+    let admin = Arc::new(Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?));
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;
@@ -69,6 +94,15 @@ pub async fn serve_on(
     let _ = stop_admin.send(());
     let _ = admin_task.await;
     Ok(())
+}
+
+/// The outbox database the admin API lists dead rows from, when the config
+/// names one. Connections open lazily: a database that is down at start
+/// shows in `/readyz`, it does not stop the gateway.
+fn outbox_database(config: &Config) -> Result<Option<crate::outbox::Database>, String> {
+    let Some(url) = &config.relay.database_url else { return Ok(None) };
+    let schema = crate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+    crate::outbox::Database::connect(url.expose(), 2, schema).map(Some).map_err(|e| e.to_string())
 }
 
 /// The listener limits a config sets.

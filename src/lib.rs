@@ -5,13 +5,15 @@
 //! - [`idempotency`] — the pure core: key parsing, tenant scoping, the
 //!   request fingerprint, the record and the decision table. No I/O.
 //! - [`store`] — the [`store::Store`] trait and its backends (embedded
-//!   memory, Redis, Redis Cluster), all held to one conformance suite.
+//!   memory, Redis, Redis Cluster, Postgres), all held to one conformance suite.
 //! - [`gateway`] — the reverse proxy: routing, the idempotency guard as a
 //!   tower service, forwarding to upstreams, RFC 9457 problem responses, and
 //!   the listener.
 //! - [`admin`] — the admin listener: health, readiness, metrics, and the
 //!   bearer-protected admin API.
 //! - [`metrics`] — the Prometheus metric set.
+//! - [`outbox`] — the transactional outbox relay on Postgres: migrations,
+//!   the enqueue helper, claiming with leases and fences, publishers, retry.
 //! - [`config`] — typed configuration from file, environment and flags.
 //! - [`demo`] — a toy payments API for `idemgate demo`.
 
@@ -25,4 +27,5 @@ pub mod demo;
 pub mod gateway;
 pub mod idempotency;
 pub mod metrics;
+pub mod outbox;
 pub mod store;

@@ -26,18 +26,40 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
     },
-    /// Run the outbox relay (not available yet).
-    Relay {
-        /// The service's Postgres database.
-        #[arg(long)]
-        database_url: Option<String>,
-    },
-    /// Create or upgrade the Postgres schema (not available yet).
-    Migrate {
-        /// The service's Postgres database.
-        #[arg(long)]
-        database_url: Option<String>,
-    },
+    /// Run the outbox relay (destinations come from the config file).
+    Relay(RelayArgs),
+    /// Create or upgrade the Postgres schema `idemgate` (idempotent).
+    Migrate(DatabaseArgs),
+}
+
+#[derive(Args)]
+struct DatabaseArgs {
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The service's Postgres database [default: relay.database_url].
+    #[arg(long)]
+    database_url: Option<String>,
+}
+
+#[derive(Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Admin listen address: probes, metrics, dead rows [default: 127.0.0.1:9090].
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+}
+
+impl DatabaseArgs {
+    fn load(&self) -> Result<Config, String> {
+        self.load_with(None)
+    }
+
+    fn load_with(&self, admin_listen: Option<SocketAddr>) -> Result<Config, String> {
+        let flags = Overrides { database_url: self.database_url.clone(), admin_listen, ..Default::default() };
+        Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Args)]
@@ -57,6 +79,12 @@ struct ServeArgs {
     /// Admin listen address [default: 127.0.0.1:9090].
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
+    /// Also run the outbox relay in this process.
+    #[arg(long)]
+    relay: bool,
+    /// The relay's Postgres database (with --relay).
+    #[arg(long)]
+    database_url: Option<String>,
 }
 
 impl ServeArgs {
@@ -66,7 +94,7 @@ impl ServeArgs {
             admin_listen: self.admin_listen,
             store: self.store.clone(),
             upstream: self.upstream.clone(),
-            database_url: None,
+            database_url: self.database_url.clone(),
         };
         Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
     }
@@ -92,7 +120,11 @@ fn run(command: Command) -> Result<(), String> {
             for warning in config.validate().map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
-            runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
+            if args.relay {
+                runtime.block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
+            } else {
+                runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
+            }
         }
         Command::CheckConfig(args) => {
             let config = args.load()?;
@@ -112,8 +144,31 @@ fn run(command: Command) -> Result<(), String> {
             println!("{}", idemgate::demo::instructions(listen));
             idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await
         }),
-        Command::Relay { .. } | Command::Migrate { .. } => {
-            Err("the outbox relay and migrations are not available in this version yet".into())
+        Command::Relay(args) => {
+            let config = args.database.load_with(args.admin_listen)?;
+            idemgate::app::init_logging(&config);
+            for warning in config.validate().map_err(|e| e.to_string())? {
+                tracing::warn!("{warning}");
+            }
+            runtime.block_on(idemgate::outbox::relay::run_from_config(&config, idemgate::app::shutdown_signal()))
+        }
+        Command::Migrate(args) => {
+            let config = args.load()?;
+            let url = config.relay.database_url.ok_or("migrate needs --database-url or relay.database_url")?;
+            runtime.block_on(async {
+                let mut client = idemgate::outbox::migrate::connect(url.expose())
+                    .await
+                    .map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
+                let schema = idemgate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+                let applied = idemgate::outbox::migrate::run(&mut client, &schema).await.map_err(|e| e.to_string())?;
+                let latest = idemgate::outbox::migrate::latest_version();
+                if applied.is_empty() {
+                    println!("schema {} is up to date (migration {latest})", schema.name());
+                } else {
+                    println!("schema {} migrated to {latest} (applied {applied:?})", schema.name());
+                }
+                Ok(())
+            })
         }
     }
 }

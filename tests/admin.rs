@@ -187,6 +187,7 @@ fn openapi_lists_every_problem_type() {
         Problem::NotFound,
         Problem::MethodNotAllowed("GET"),
         Problem::BadAdminRequest(String::new()),
+        Problem::OutboxUnavailable,
         Problem::Internal,
     ];
     for problem in all {

@@ -7,6 +7,8 @@
 //! - `on_memory::<case>` — the embedded [`MemoryStore`];
 //! - `on_redis::<case>` — [`RedisStore`] on the shared Redis (`REDIS_URL`),
 //!   with a fresh key prefix per test;
+//! - `on_postgres::<case>` — [`PostgresStore`] on the shared Postgres
+//!   (`DATABASE_URL`), in a fresh schema per test;
 //! - `on_redis_cluster::every_case_passes` — [`RedisStore`] on a private
 //!   three-master Redis Cluster, started once and shared by all the cases.
 //!
@@ -22,9 +24,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idemgate::idempotency::{Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
 use idemgate::store::memory::MemoryStore;
+use idemgate::store::postgres::PostgresStore;
 use idemgate::store::redis::RedisStore;
 use idemgate::store::sealing::Sealer;
 use idemgate::store::{Begin, Store, StoreError};
+use support::postgres::TestSchema;
 use support::redis_server::{RedisCluster, RedisProcess, shared_redis_url, unique_prefix, with_option};
 
 /// A lease no case outlives.
@@ -343,6 +347,19 @@ macro_rules! conformance_suite {
             )*
         }
 
+        mod on_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let schema = TestSchema::create().await;
+                    let url = schema.store_url();
+                    let store = PostgresStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+                    super::$case(Arc::new(store)).await;
+                }
+            )*
+        }
+
         mod on_redis_cluster {
             use super::*;
 
@@ -431,4 +448,22 @@ async fn a_redis_store_reports_an_outage_within_its_timeout_and_recovers() {
     let fence = acquire(&store, &key, &fp, LEASE).await;
     assert!(store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
+}
+
+/// With encryption keys, the Postgres store keeps responses sealed at rest
+/// (the cluster run covers sealing against every case; this looks at the row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_store_with_keys_keeps_responses_sealed_at_rest() {
+    let schema = TestSchema::create().await;
+    let sealer = Arc::new(Sealer::from_spec(SEALING_KEYS).expect("test keys"));
+    let store = PostgresStore::open(&schema.store_url()).await.expect("open").sealed(Some(sealer));
+    let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
+    let fence = acquire(&store, &key, &fp, LEASE).await;
+    assert!(store.complete(&key, fence, Some(&response), TTL).await.unwrap());
+    let client = schema.connect().await;
+    let sql = schema.sql("SELECT response FROM idemgate.gateway_keys WHERE key = $1");
+    let stored: Vec<u8> = client.query_one(&sql, &[&&key.as_bytes()[..]]).await.unwrap().get(0);
+    assert_eq!(stored[0], idemgate::store::sealing::SEALED);
+    assert!(!stored.windows(16).any(|w| w == &response.body[..16]), "the body is not in the clear");
+    assert_eq!(existing(&store, &key, &fp).await, Record::Completed { fingerprint: fp, response: Some(response) });
 }

@@ -3,10 +3,13 @@
 //! | method | path | auth | job |
 //! |---|---|---|---|
 //! | GET | `/healthz` | none | the process is alive |
-//! | GET | `/readyz` | none | the store answers (`503` if not) |
+//! | GET | `/readyz` | none | the store (and the outbox database, if configured) answers (`503` if not) |
 //! | GET | `/metrics` | none | Prometheus text format |
 //! | GET | `/admin/keys/{key}?tenant=…` | bearer | a key's record, metadata only |
 //! | DELETE | `/admin/keys/{key}?tenant=…` | bearer | purge a key's record |
+//! | GET | `/admin/outbox/dead?limit=N` | bearer | dead outbox rows, oldest first |
+//! | POST | `/admin/outbox/dead/{id}/redrive` | bearer | send one dead row again |
+//! | POST | `/admin/outbox/redrive` | bearer | send every dead row again |
 //!
 //! It listens on its own address (default loopback) so it can be firewalled
 //! apart from client traffic. `tenant` is the value the configured tenant
@@ -15,9 +18,13 @@
 //! exactly the record that client's retries would, and no other. The
 //! stored body is never returned: it may hold a customer's data.
 //! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step.
+//! A standalone relay serves the probes, metrics and outbox routes on its
+//! own listener ([`relay`]).
 
 mod auth;
+mod outbox;
 mod query;
+pub mod relay;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -46,18 +53,28 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/admin/keys/{key}"),
     ("DELETE", "/admin/keys/{key}"),
+    ("GET", "/admin/outbox/dead"),
+    ("POST", "/admin/outbox/dead/{id}/redrive"),
+    ("POST", "/admin/outbox/redrive"),
 ];
 
 /// What the admin handlers need.
 pub struct Admin<S> {
     gateway: Arc<Gateway<S>>,
     access: AdminAccess,
+    outbox: Option<crate::outbox::Database>,
 }
 
 impl<S: Store> Admin<S> {
     /// The admin surface of a gateway.
     pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
-        Self { gateway, access }
+        Self { gateway, access, outbox: None }
+    }
+
+    /// Serves the outbox routes (and checks the database for readiness).
+    pub fn with_outbox(mut self, outbox: Option<crate::outbox::Database>) -> Self {
+        self.outbox = outbox;
+        self
     }
 
     /// Handles one admin request.
@@ -69,6 +86,9 @@ impl<S: Store> Admin<S> {
             ["readyz"] => ("/readyz", "GET"),
             ["metrics"] => ("/metrics", "GET"),
             ["admin", "keys", key] if !key.is_empty() => ("/admin/keys/{key}", "GET, DELETE"),
+            ["admin", "outbox", "dead"] => ("/admin/outbox/dead", "GET"),
+            ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => ("/admin/outbox/dead/{id}/redrive", "POST"),
+            ["admin", "outbox", "redrive"] => ("/admin/outbox/redrive", "POST"),
             _ => return Problem::NotFound.to_response(),
         };
         if !ROUTES.iter().any(|(method, path)| *path == template && request.method().as_str() == *method) {
@@ -92,12 +112,27 @@ impl<S: Store> Admin<S> {
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
                 response
             }
+            ("/admin/outbox/dead", _) => outbox::list_dead(self.outbox.as_ref(), &request).await,
+            ("/admin/outbox/dead/{id}/redrive", _) => {
+                outbox::redrive(self.outbox.as_ref(), segments.get(3).copied()).await
+            }
+            ("/admin/outbox/redrive", _) => outbox::redrive(self.outbox.as_ref(), None).await,
             (_, key) => self.key(&request, key, request.method() == Method::DELETE).await,
         }
     }
 
     async fn ready(&self) -> Response<ResponseBody> {
-        match tokio::time::timeout(Duration::from_secs(2), self.gateway.store().ping()).await {
+        let store = tokio::time::timeout(Duration::from_secs(2), self.gateway.store().ping()).await;
+        if let (Ok(Ok(())), Some(db)) = (&store, &self.outbox) {
+            return match outbox::ping(db).await {
+                true => json(StatusCode::OK, serde_json::json!({ "status": "ready", "store": "ok", "database": "ok" })),
+                false => json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({ "status": "not ready", "store": "ok", "database": "unavailable" }),
+                ),
+            };
+        }
+        match store {
             Ok(Ok(())) => json(StatusCode::OK, serde_json::json!({ "status": "ready", "store": "ok" })),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "readiness: store unavailable");

@@ -7,6 +7,7 @@
 //! never printed; `check-config` prints the effective config with them
 //! redacted.
 
+mod relay;
 mod units;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+pub use relay::{DestinationConfig, RelayConfig};
 pub use units::{ByteSize, ConfigDuration};
 
 /// Prefix of environment overrides: `IDEMGATE__GATEWAY__LEASE=10s`.
@@ -401,45 +403,6 @@ impl StoreEncryptionConfig {
     }
 }
 
-/// The outbox relay.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RelayConfig {
-    /// The service's database.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub database_url: Option<ServiceUrl>,
-}
-
-/// One outbox destination.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DestinationConfig {
-    /// Where to send.
-    pub url: String,
-    /// HTTP method.
-    #[serde(default = "default_post")]
-    pub method: String,
-    /// Extra request headers.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Limit on one delivery attempt.
-    #[serde(default = "default_destination_timeout")]
-    pub timeout: ConfigDuration,
-    /// Attempts before a row is dead.
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
-}
-
-fn default_post() -> String {
-    "POST".into()
-}
-fn default_destination_timeout() -> ConfigDuration {
-    ConfigDuration(Duration::from_secs(5))
-}
-fn default_max_attempts() -> u32 {
-    12
-}
-
 /// Values from command-line flags, applied last.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -601,6 +564,7 @@ impl Config {
                 ));
             }
         }
+        relay::validate(&self.relay, &self.destinations, &mut warnings)?;
         Ok(warnings)
     }
 }

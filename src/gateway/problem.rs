@@ -58,6 +58,8 @@ pub enum Problem {
     MethodNotAllowed(&'static str),
     /// Admin API: a malformed parameter; the text says which.
     BadAdminRequest(String),
+    /// Admin API: the outbox database could not be reached.
+    OutboxUnavailable,
     /// An internal failure (a bug): the request was not forwarded, or its
     /// outcome is unknown.
     Internal,
@@ -82,6 +84,7 @@ impl Problem {
             Self::NotFound => "not-found",
             Self::MethodNotAllowed(_) => "method-not-allowed",
             Self::BadAdminRequest(_) => "bad-request",
+            Self::OutboxUnavailable => "outbox-unavailable",
             Self::Internal => "internal",
         }
     }
@@ -104,6 +107,7 @@ impl Problem {
             Self::AdminDisabled => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
+            Self::OutboxUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -125,6 +129,7 @@ impl Problem {
             Self::NotFound => "Not found",
             Self::MethodNotAllowed(_) => "Method not allowed",
             Self::BadAdminRequest(_) => "Bad request",
+            Self::OutboxUnavailable => "Outbox database unavailable",
             Self::Internal => "Internal gateway error",
         }
     }
@@ -147,6 +152,7 @@ impl Problem {
             Self::NotFound => "Nothing exists here.".into(),
             Self::MethodNotAllowed(allow) => format!("This path accepts {allow}."),
             Self::BadAdminRequest(why) => why.clone(),
+            Self::OutboxUnavailable => "The outbox database did not answer. Nothing was changed; try again.".into(),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
         }
     }

@@ -15,12 +15,13 @@
 //! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
 //!   gateways with skewed clocks still agree on leases.
 //!
-//! Backends: [`memory::MemoryStore`] (embedded, one process) and
-//! [`redis::RedisStore`] (Redis and Redis Cluster). [`AnyStore`] picks one
-//! from a URL.
+//! Backends: [`memory::MemoryStore`] (embedded, one process),
+//! [`redis::RedisStore`] (Redis and Redis Cluster) and
+//! [`postgres::PostgresStore`]. [`AnyStore`] picks one from a URL.
 
 pub mod codec;
 pub mod memory;
+pub mod postgres;
 pub mod redis;
 pub mod sealing;
 
@@ -112,6 +113,8 @@ pub enum AnyStore {
     Memory(memory::MemoryStore),
     /// `redis://`, `rediss://`, `redis+cluster://`
     Redis(Box<redis::RedisStore>),
+    /// `postgres://`, `postgresql://`
+    Postgres(postgres::PostgresStore),
 }
 
 impl AnyStore {
@@ -124,6 +127,7 @@ impl AnyStore {
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer))))
             }
+            "postgres" | "postgresql" => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
             other => Err(StoreError::InvalidUrl(format!("unsupported scheme {other:?}"))),
         }
     }
@@ -133,6 +137,7 @@ impl AnyStore {
         match self {
             Self::Memory(_) => "memory",
             Self::Redis(_) => "redis",
+            Self::Postgres(_) => "postgres",
         }
     }
 }
@@ -142,6 +147,7 @@ macro_rules! delegate {
         match $self {
             AnyStore::Memory($store) => $call.await,
             AnyStore::Redis($store) => $call.await,
+            AnyStore::Postgres($store) => $call.await,
         }
     };
 }

@@ -4,5 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod gateway;
+pub mod outbox;
+pub mod postgres;
 pub mod redis_server;
+pub mod sink;
 pub mod upstream;

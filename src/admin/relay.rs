@@ -1,0 +1,104 @@
+//! The standalone relay's admin listener (`idemgate relay`, on
+//! `admin_listen` like the gateway's): `/healthz`, `/readyz` (the outbox
+//! database answers), `/metrics`, and the bearer-protected outbox routes
+//! (`/admin/outbox/…`: list dead rows, redrive). The gateway-only routes
+//! (`/admin/keys/…`) answer `404` here. A relay and a gateway on one host
+//! need different `admin_listen` addresses (`--admin-listen`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+use super::{AccessDenied, AdminAccess, json, outbox};
+use crate::gateway::body::{ResponseBody, full};
+use crate::gateway::problem::Problem;
+use crate::metrics::Metrics;
+use crate::outbox::Database;
+
+/// What the relay's admin listener needs.
+pub struct RelayAdmin {
+    db: Database,
+    metrics: Arc<Metrics>,
+    access: AdminAccess,
+}
+
+impl RelayAdmin {
+    /// The admin surface of a relay.
+    pub fn new(db: Database, metrics: Arc<Metrics>, access: AdminAccess) -> Self {
+        Self { db, metrics, access }
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+        let path = request.uri().path().to_owned();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let allow = match segments.as_slice() {
+            ["healthz"] | ["readyz"] | ["metrics"] | ["admin", "outbox", "dead"] => "GET",
+            ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => "POST",
+            ["admin", "outbox", "redrive"] => "POST",
+            _ => return Problem::NotFound.to_response(),
+        };
+        if request.method().as_str() != allow {
+            return Problem::MethodNotAllowed(allow).to_response();
+        }
+        if segments[0] == "admin"
+            && let Err(denied) = self.access.check(request.headers())
+        {
+            return match denied {
+                AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
+                AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
+            };
+        }
+        match segments.as_slice() {
+            ["healthz"] => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
+            ["readyz"] if outbox::ping(&self.db).await => {
+                json(StatusCode::OK, serde_json::json!({ "status": "ready", "database": "ok" }))
+            }
+            ["readyz"] => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "status": "not ready", "database": "unavailable" }),
+            ),
+            ["metrics"] => {
+                let mut response = Response::new(full(self.metrics.render()));
+                let text = HeaderValue::from_static("text/plain; version=0.0.4");
+                response.headers_mut().insert(header::CONTENT_TYPE, text);
+                response
+            }
+            ["admin", "outbox", "dead"] => outbox::list_dead(Some(&self.db), &request).await,
+            ["admin", "outbox", "dead", id, "redrive"] => outbox::redrive(Some(&self.db), Some(id)).await,
+            ["admin", "outbox", "redrive"] => outbox::redrive(Some(&self.db), None).await,
+            _ => Problem::NotFound.to_response(),
+        }
+    }
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, admin: Arc<RelayAdmin>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.handle(request).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}

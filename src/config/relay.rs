@@ -1,0 +1,260 @@
+//! The `[relay]` section and the `[destinations.<name>]` tables.
+//!
+//! Each destination carries its own retry policy. The policy's worst-case
+//! retry window (every backoff at its cap, see
+//! [`RetryPolicy::worst_case_window`](crate::outbox::retry::RetryPolicy::worst_case_window))
+//! must fit inside `key_retention`, the time the destination remembers an
+//! `Idempotency-Key`: a retry that arrives after the destination forgot the
+//! key would be applied a second time. `check-config` warns when it does not.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigDuration, ConfigError, ServiceUrl};
+use crate::outbox::retry::RetryPolicy;
+
+fn secs(s: u64) -> ConfigDuration {
+    ConfigDuration(Duration::from_secs(s))
+}
+
+/// The outbox relay.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// The service's database.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_url: Option<ServiceUrl>,
+    /// Pooled connections (claims, renewals, completions); LISTEN has its own.
+    pub pool_size: usize,
+    /// Rows claimed (and published concurrently) per step, at most.
+    pub batch_size: u32,
+    /// How long a claim holds a row without renewal. Renewed every third of it.
+    pub lease: ConfigDuration,
+    /// How often the relay looks for work without a notification.
+    pub poll_interval: ConfigDuration,
+    /// How often expired leases are returned to the queue.
+    pub reap_interval: ConfigDuration,
+    /// How long delivered rows stay in the history (and block re-enqueueing).
+    pub history_retention: ConfigDuration,
+    /// Wake up on `LISTEN/NOTIFY` (polling runs either way).
+    pub listen: bool,
+    /// The schema holding the outbox (`idemgate`; another name for tests
+    /// or several independent outboxes in one database).
+    pub schema: String,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            database_url: None,
+            pool_size: 4,
+            batch_size: 32,
+            lease: secs(30),
+            poll_interval: secs(1),
+            reap_interval: secs(5),
+            history_retention: secs(7 * 86_400),
+            listen: true,
+            schema: "idemgate".into(),
+        }
+    }
+}
+
+/// One outbox destination.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationConfig {
+    /// Where to send (`http://` or `https://`).
+    pub url: String,
+    /// HTTP method.
+    #[serde(default = "default_post")]
+    pub method: String,
+    /// Extra request headers. Their values are redacted when the config is
+    /// printed: they often carry credentials.
+    #[serde(default, serialize_with = "redacted_values")]
+    pub headers: BTreeMap<String, String>,
+    /// Limit on one delivery attempt (until the whole response is read).
+    #[serde(default = "default_destination_timeout")]
+    pub timeout: ConfigDuration,
+    /// Attempts before a row is dead.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// The first backoff's upper bound; it doubles per attempt.
+    #[serde(default = "default_backoff_base")]
+    pub backoff_base: ConfigDuration,
+    /// The cap on one backoff, and on an honoured `Retry-After`.
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max: ConfigDuration,
+    /// How long the destination remembers an `Idempotency-Key`.
+    #[serde(default = "default_key_retention")]
+    pub key_retention: ConfigDuration,
+    /// Extra CA certificates (PEM) trusted for an `https://` destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl DestinationConfig {
+    /// A destination with every default but its URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            method: default_post(),
+            headers: BTreeMap::new(),
+            timeout: default_destination_timeout(),
+            max_attempts: default_max_attempts(),
+            backoff_base: default_backoff_base(),
+            backoff_max: default_backoff_max(),
+            key_retention: default_key_retention(),
+            ca_file: None,
+        }
+    }
+
+    /// The retry policy these fields describe.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy { base: self.backoff_base.0, max: self.backoff_max.0, max_attempts: self.max_attempts }
+    }
+}
+
+fn redacted_values<S: serde::Serializer>(headers: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(headers.keys().map(|name| (name, "[redacted]")))
+}
+
+fn default_post() -> String {
+    "POST".into()
+}
+fn default_destination_timeout() -> ConfigDuration {
+    secs(5)
+}
+fn default_max_attempts() -> u32 {
+    12
+}
+fn default_backoff_base() -> ConfigDuration {
+    secs(1)
+}
+fn default_backoff_max() -> ConfigDuration {
+    secs(600)
+}
+fn default_key_retention() -> ConfigDuration {
+    secs(86_400)
+}
+
+/// Checks the relay section and every destination; pushes warnings.
+pub(super) fn validate(
+    relay: &RelayConfig,
+    destinations: &BTreeMap<String, DestinationConfig>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if let Some(url) = &relay.database_url
+        && !["postgres", "postgresql"].contains(&url.scheme().as_str())
+    {
+        return invalid(format!("relay.database_url {:?} must be a postgres:// URL", url.redacted()));
+    }
+    if crate::outbox::Schema::new(&relay.schema).is_err() {
+        return invalid(format!("relay.schema = {:?}: lower-case letters, digits and _ only", relay.schema));
+    }
+    if relay.pool_size < 2 {
+        return invalid("relay.pool_size must be at least 2 (claims and lease renewals run side by side)".into());
+    }
+    if !(1..=1000).contains(&relay.batch_size) {
+        return invalid(format!("relay.batch_size = {}: must be between 1 and 1000", relay.batch_size));
+    }
+    if relay.lease.0 < Duration::from_millis(100) {
+        return invalid(format!("relay.lease = {}: must be at least 100ms", relay.lease));
+    }
+    if relay.poll_interval.0 < Duration::from_millis(10) || relay.reap_interval.0 < Duration::from_millis(10) {
+        return invalid("relay.poll_interval and relay.reap_interval must be at least 10ms".into());
+    }
+    if relay.history_retention.0 < Duration::from_secs(3600) {
+        return invalid(format!("relay.history_retention = {}: must be at least 1h", relay.history_retention));
+    }
+    for (name, d) in destinations {
+        let at = |m: String| ConfigError::Invalid(format!("destinations.{name}: {m}"));
+        let uri: http::Uri = d.url.parse().map_err(|e| at(format!("url {:?} is not a URL: {e}", d.url)))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none_or(str::is_empty) {
+            return Err(at(format!("url {:?} must be an http:// or https:// URL with a host", d.url)));
+        }
+        if http::Method::from_bytes(d.method.as_bytes()).is_err() {
+            return Err(at(format!("{:?} is not an HTTP method", d.method)));
+        }
+        for (header, value) in &d.headers {
+            let header_name = http::HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| at(format!("{header:?} is not a valid header name")))?;
+            if header_name == "idempotency-key" {
+                return Err(at("headers must not set Idempotency-Key: every request carries the derived key".into()));
+            }
+            http::HeaderValue::from_str(value).map_err(|_| at(format!("header {header:?} has an invalid value")))?;
+        }
+        if d.timeout.0.is_zero() || d.max_attempts == 0 {
+            return Err(at("timeout and max_attempts must be positive".into()));
+        }
+        if d.backoff_base.0.is_zero() || d.backoff_base.0 > d.backoff_max.0 {
+            return Err(at("backoff_base must be positive and not above backoff_max".into()));
+        }
+        let window = d.retry_policy().worst_case_window();
+        if window > d.key_retention.0 {
+            warnings.push(format!(
+                "destinations.{name}: the retry window (up to {} over {} attempts) exceeds key_retention = {}: a retry after the destination forgot the key could be applied twice; lower max_attempts or backoff_max",
+                ConfigDuration(window),
+                d.max_attempts,
+                d.key_retention
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_window_beyond_the_key_retention_is_warned_about() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        let mut destinations = BTreeMap::from([("email".to_string(), destination.clone())]);
+        let mut warnings = Vec::new();
+        validate(&RelayConfig::default(), &destinations, &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "the defaults fit: {warnings:?}");
+        destination.max_attempts = 500;
+        destinations.insert("email".into(), destination);
+        validate(&RelayConfig::default(), &destinations, &mut warnings).unwrap();
+        assert!(warnings.iter().any(|w| w.contains("key_retention")), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_destination_may_not_set_its_own_idempotency_key() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.headers.insert("Idempotency-Key".into(), "x".into());
+        let destinations = BTreeMap::from([("email".to_string(), destination)]);
+        assert!(validate(&RelayConfig::default(), &destinations, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn destination_header_values_are_not_printed() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.headers.insert("authorization".into(), "Bearer s3cret".into());
+        let printed = toml::to_string(&destination).unwrap();
+        assert!(printed.contains("authorization") && !printed.contains("s3cret"), "{printed}");
+    }
+
+    /// The relay reference in the README must stay loadable.
+    #[test]
+    fn the_readme_relay_reference_loads() {
+        let readme = include_str!("../../README.md");
+        let section = &readme[readme.find("## The outbox relay").expect("an outbox section")..];
+        let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &section[start..start + section[start..].find("```").expect("closed block")];
+        let config: crate::config::Config = toml::from_str(block).unwrap();
+        let warnings = config.validate().unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(config.destinations["email"].retry_policy().max, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn a_relay_database_must_be_postgres() {
+        let relay = RelayConfig { database_url: Some(ServiceUrl::new("redis://x")), ..Default::default() };
+        assert!(validate(&relay, &BTreeMap::new(), &mut Vec::new()).is_err());
+    }
+}

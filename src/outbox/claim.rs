@@ -1,0 +1,309 @@
+//! Every statement the relay runs against `idemgate.outbox`.
+//!
+//! Each function is **one autocommit statement**: no transaction is ever
+//! open while a message is published. A claim sets `state = 'leased'`,
+//! a lease (`lease_until`, by the database clock) and increments
+//! `attempts`; the pair `(id, attempts)` is the claim's [`Fence`]. Renew,
+//! complete, retry and bury change the row only while it is still leased
+//! under that fence, so a relay whose lease ran out and was reaped (or
+//! re-claimed by another relay) changes nothing: they report `false`.
+//!
+//! **Which rows can be claimed.** A row is claimable when it is `ready`,
+//! due (`available_at <= now()`), bound for a destination this relay
+//! serves, and — if it has an ordering key — no earlier row of that key is
+//! still in the outbox in any state (waiting, backing off, leased or dead).
+//! So per ordering key exactly one row, the head, is ever in play, and a
+//! failing or dead head holds back only its own key; rows without an
+//! ordering key are claimed in parallel. A dead head blocks its key until
+//! it is redriven or deleted: delivering the next message first would break
+//! the order the service asked for.
+//!
+//! **Completion** deletes the row and inserts it into `idemgate.delivered`
+//! in the same statement, so a row is never both waiting and delivered.
+
+use std::time::{Duration, SystemTime};
+
+use super::{Database, OutboxError};
+
+/// Identifies one claim of one row: completion and failure need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// The row.
+    pub id: i64,
+    /// `attempts` as the claim set it.
+    pub attempts: i32,
+}
+
+/// A claimed row: the message and the fence of this claim.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The claim.
+    pub fence: Fence,
+    /// Attempts since the last redrive, including this one (the retry policy counts these).
+    pub attempt: u32,
+    /// The `Idempotency-Key` every delivery carries.
+    pub derived_key: String,
+    /// The destination's name.
+    pub destination: String,
+    /// What the message does.
+    pub operation: String,
+    /// Which business object it is about.
+    pub business_key: String,
+    /// The JSON payload, as text.
+    pub payload: String,
+    /// Extra request headers given at enqueue.
+    pub headers: Vec<(String, String)>,
+    /// Its ordering key, if any.
+    pub ordering_key: Option<String>,
+}
+
+const CLAIM: &str = "
+WITH candidates AS (
+    SELECT o.id FROM idemgate.outbox o
+     WHERE o.state = 'ready' AND o.available_at <= now() AND o.destination = ANY($1::text[])
+       AND (o.ordering_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM idemgate.outbox e
+              WHERE e.ordering_key = o.ordering_key AND e.ordering_seq < o.ordering_seq))
+     ORDER BY o.available_at, o.id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED)
+UPDATE idemgate.outbox o
+   SET state = 'leased', attempts = o.attempts + 1,
+       lease_until = now() + $3::bigint * interval '1 millisecond'
+  FROM candidates c
+ WHERE o.id = c.id
+RETURNING o.id, o.attempts, o.attempts - o.attempts_at_redrive, o.derived_key, o.destination, o.operation,
+          o.business_key, o.payload::text, o.headers::text, o.ordering_key";
+
+const RENEW: &str = "
+UPDATE idemgate.outbox SET lease_until = now() + $3::bigint * interval '1 millisecond'
+ WHERE id = $1 AND attempts = $2 AND state = 'leased'";
+
+const COMPLETE: &str = "
+WITH done AS (
+    DELETE FROM idemgate.outbox WHERE id = $1 AND attempts = $2 AND state = 'leased'
+    RETURNING id, derived_key, destination, operation, business_key, ordering_key, ordering_seq, attempts, created_at)
+INSERT INTO idemgate.delivered (id, derived_key, destination, operation, business_key, ordering_key,
+                                ordering_seq, attempts, enqueued_at, delivered_at)
+SELECT id, derived_key, destination, operation, business_key, ordering_key, ordering_seq, attempts, created_at, now()
+  FROM done
+RETURNING extract(epoch FROM delivered_at - enqueued_at)::float8";
+
+const RETRY: &str = "
+UPDATE idemgate.outbox
+   SET state = 'ready', lease_until = NULL, last_error = $4,
+       available_at = now() + $3::bigint * interval '1 millisecond'
+ WHERE id = $1 AND attempts = $2 AND state = 'leased'";
+
+const BURY: &str = "
+UPDATE idemgate.outbox SET state = 'dead', lease_until = NULL, last_error = $3, dead_at = now()
+ WHERE id = $1 AND attempts = $2 AND state = 'leased'";
+
+// Bounded and SKIP LOCKED: a row being renewed right now keeps its lease.
+const REAP: &str = "
+WITH expired AS (
+    SELECT id FROM idemgate.outbox
+     WHERE state = 'leased' AND lease_until < now()
+     LIMIT 1000
+     FOR UPDATE SKIP LOCKED)
+UPDATE idemgate.outbox o
+   SET state = 'ready', lease_until = NULL, available_at = now(), last_error = 'lease expired'
+  FROM expired e
+ WHERE o.id = e.id";
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Longest `last_error` kept, in characters.
+const MAX_ERROR: usize = 500;
+
+fn truncate(reason: &str) -> String {
+    reason.chars().take(MAX_ERROR).collect()
+}
+
+fn headers_from_json(text: &str) -> Vec<(String, String)> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(s) => (name, s),
+            other => (name, other.to_string()),
+        })
+        .collect()
+}
+
+/// Claims up to `limit` due rows of `destinations` under a lease of `lease`.
+pub async fn claim_batch(
+    db: &Database,
+    destinations: &[String],
+    limit: u32,
+    lease: Duration,
+) -> Result<Vec<Claimed>, OutboxError> {
+    let (client, statement) = db.prepare(CLAIM).await?;
+    let rows = client.query(&statement, &[&destinations, &i64::from(limit), &millis(lease)]).await?;
+    rows.iter()
+        .map(|row| {
+            let attempt: i32 = row.try_get(2)?;
+            Ok(Claimed {
+                fence: Fence { id: row.try_get(0)?, attempts: row.try_get(1)? },
+                attempt: u32::try_from(attempt).unwrap_or(0),
+                derived_key: row.try_get(3)?,
+                destination: row.try_get(4)?,
+                operation: row.try_get(5)?,
+                business_key: row.try_get(6)?,
+                payload: row.try_get(7)?,
+                headers: headers_from_json(row.try_get(8)?),
+                ordering_key: row.try_get(9)?,
+            })
+        })
+        .collect()
+}
+
+async fn fenced(
+    db: &Database,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<bool, OutboxError> {
+    let (client, statement) = db.prepare(sql).await?;
+    Ok(client.execute(&statement, params).await? == 1)
+}
+
+/// Extends the lease; `false` when the claim was lost.
+pub async fn renew(db: &Database, fence: Fence, lease: Duration) -> Result<bool, OutboxError> {
+    fenced(db, RENEW, &[&fence.id, &fence.attempts, &millis(lease)]).await
+}
+
+/// Records the delivery (moves the row to history); `false` when the claim was lost.
+pub async fn complete(db: &Database, fence: Fence) -> Result<bool, OutboxError> {
+    Ok(complete_measured(db, fence).await?.is_some())
+}
+
+/// [`complete`], reporting the time from enqueue to delivery by the
+/// database clock; `None` when the claim was lost.
+pub async fn complete_measured(db: &Database, fence: Fence) -> Result<Option<Duration>, OutboxError> {
+    let (client, statement) = db.prepare(COMPLETE).await?;
+    let row = client.query_opt(&statement, &[&fence.id, &fence.attempts]).await?;
+    let seconds: Option<f64> = row.map(|r| r.try_get(0)).transpose()?;
+    Ok(seconds.map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)))
+}
+
+/// One destination's backlog, for the gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    /// The destination.
+    pub destination: String,
+    /// Rows waiting (due or backing off).
+    pub ready: i64,
+    /// Rows claimed right now.
+    pub leased: i64,
+    /// Dead rows.
+    pub dead: i64,
+    /// Age of the oldest waiting row since it was enqueued, by the database clock.
+    pub oldest_ready_age: Duration,
+}
+
+/// The backlog of every destination that has rows.
+pub async fn backlog(db: &Database) -> Result<Vec<Backlog>, OutboxError> {
+    let (client, statement) = db
+        .prepare(
+            "SELECT destination,
+                    count(*) FILTER (WHERE state = 'ready'),
+                    count(*) FILTER (WHERE state = 'leased'),
+                    count(*) FILTER (WHERE state = 'dead'),
+                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'ready')), 0)::float8
+               FROM idemgate.outbox GROUP BY destination",
+        )
+        .await?;
+    let rows = client.query(&statement, &[]).await?;
+    rows.iter()
+        .map(|r| {
+            let age: f64 = r.try_get(4)?;
+            Ok(Backlog {
+                destination: r.try_get(0)?,
+                ready: r.try_get(1)?,
+                leased: r.try_get(2)?,
+                dead: r.try_get(3)?,
+                oldest_ready_age: Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
+            })
+        })
+        .collect()
+}
+
+/// Makes the row claimable again after `delay`; `false` when the claim was lost.
+pub async fn retry(db: &Database, fence: Fence, delay: Duration, reason: &str) -> Result<bool, OutboxError> {
+    fenced(db, RETRY, &[&fence.id, &fence.attempts, &millis(delay), &truncate(reason)]).await
+}
+
+/// Marks the row dead; `false` when the claim was lost.
+pub async fn bury(db: &Database, fence: Fence, reason: &str) -> Result<bool, OutboxError> {
+    fenced(db, BURY, &[&fence.id, &fence.attempts, &truncate(reason)]).await
+}
+
+/// Returns rows whose lease expired to the queue; how many (at most 1000 per call).
+pub async fn reap_expired(db: &Database) -> Result<u64, OutboxError> {
+    let (client, statement) = db.prepare(REAP).await?;
+    Ok(client.execute(&statement, &[]).await?)
+}
+
+/// Runs the history retention job (`idemgate.maintain_history`).
+pub async fn maintain_history(db: &Database, retention: Duration) -> Result<(), OutboxError> {
+    let (client, statement) =
+        db.prepare("SELECT idemgate.maintain_history($1::bigint * interval '1 millisecond')").await?;
+    client.execute(&statement, &[&millis(retention)]).await?;
+    Ok(())
+}
+
+/// A dead row, as the admin API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadRow {
+    /// Row id (for redrive).
+    pub id: i64,
+    /// Its derived key.
+    pub derived_key: String,
+    /// Its destination.
+    pub destination: String,
+    /// Its operation.
+    pub operation: String,
+    /// Its business key.
+    pub business_key: String,
+    /// Attempts made in all.
+    pub attempts: i32,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// When it died, by the database clock.
+    pub dead_at: Option<SystemTime>,
+}
+
+/// Lists up to `limit` dead rows, oldest first.
+pub async fn list_dead(db: &Database, limit: i64) -> Result<Vec<DeadRow>, OutboxError> {
+    let (client, statement) = db
+        .prepare(
+            "SELECT id, derived_key, destination, operation, business_key, attempts, last_error, dead_at
+               FROM idemgate.outbox WHERE state = 'dead' ORDER BY dead_at, id LIMIT $1",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&limit]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DeadRow {
+                id: r.try_get(0)?,
+                derived_key: r.try_get(1)?,
+                destination: r.try_get(2)?,
+                operation: r.try_get(3)?,
+                business_key: r.try_get(4)?,
+                attempts: r.try_get(5)?,
+                last_error: r.try_get(6)?,
+                dead_at: r.try_get(7)?,
+            })
+        })
+        .collect()
+}
+
+/// Returns dead rows to the queue: one by id, or all with `None`. The retry
+/// policy starts counting afresh; `attempts` (the fence) keeps growing.
+pub async fn redrive(db: &Database, id: Option<i64>) -> Result<i64, OutboxError> {
+    let (client, statement) = db.prepare("SELECT idemgate.redrive($1)").await?;
+    Ok(client.query_one(&statement, &[&id]).await?.try_get(0)?)
+}

@@ -1,0 +1,84 @@
+//! Wake-ups: `LISTEN idemgate_outbox` on a connection of its own.
+//!
+//! The listening connection lives outside the pool: a pooled connection
+//! would be recycled or shared, and LISTEN belongs to one session. Every
+//! notification (`enqueue` and `redrive` send one per transaction) wakes the
+//! relay through a [`Notify`], which keeps one permit, so a notification
+//! that arrives while a batch runs starts the next batch at once.
+//!
+//! Notifications are only a hint. If this connection drops it reconnects
+//! with a bounded backoff, waking the relay once after each (re)connect to
+//! pick up whatever was missed; meanwhile the relay's polling keeps
+//! delivering. A lost notification costs at most one poll interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use super::CHANNEL;
+
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// Listens until `stop` is cancelled, reconnecting as needed. The session
+/// shows as `application_name = idemgate-listen` unless the config names one.
+pub async fn listen(mut config: tokio_postgres::Config, wake: Arc<Notify>, stop: CancellationToken) {
+    if config.get_application_name().is_none() {
+        config.application_name("idemgate-listen");
+    }
+    let mut delay = RECONNECT_MIN;
+    loop {
+        let mut connected = false;
+        match listen_once(&config, &wake, &stop, &mut connected).await {
+            Ok(()) if stop.is_cancelled() => return,
+            Ok(()) => tracing::warn!("outbox LISTEN connection closed; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, "outbox LISTEN connection failed; polling continues"),
+        }
+        // A connection that worked starts the backoff over.
+        if connected {
+            delay = RECONNECT_MIN;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.cancelled() => return,
+        }
+        delay = (delay * 2).min(RECONNECT_MAX);
+    }
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    wake: &Notify,
+    stop: &CancellationToken,
+    connected: &mut bool,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let driver = async {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(_))) => wake.notify_one(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            }
+        }
+    };
+    tokio::pin!(driver);
+    let statement = format!("LISTEN {CHANNEL}");
+    // The connection must be driven while LISTEN runs.
+    tokio::select! {
+        result = client.batch_execute(&statement) => result?,
+        result = &mut driver => return result,
+    }
+    tracing::debug!("outbox LISTEN connected");
+    *connected = true;
+    // Anything enqueued before LISTEN took effect sent its notification to no one.
+    wake.notify_one();
+    tokio::select! {
+        result = &mut driver => result,
+        _ = stop.cancelled() => Ok(()),
+    }
+}

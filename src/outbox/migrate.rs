@@ -1,0 +1,135 @@
+//! Versioned, idempotent schema migrations for schema `idemgate`.
+//!
+//! The migrations are SQL files embedded in the binary, numbered
+//! `NNNN_name.sql`. [`run`] applies the missing ones in order, all in one
+//! transaction that first takes a transaction-level advisory lock, so two
+//! migrators started together do not race: the second waits, then finds
+//! nothing to do. `idemgate.schema_migrations` records each applied
+//! version with a checksum of its SQL; a recorded migration whose SQL has
+//! changed since is an error, never silently re-run. Running [`run`] twice
+//! changes nothing the second time.
+
+use tokio_postgres::Client;
+
+use super::{OutboxError, Schema};
+use crate::idempotency::hash::{hash_fields, to_hex};
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Its number; applied in increasing order.
+    pub version: i32,
+    /// A short name.
+    pub name: &'static str,
+    /// The SQL, run as one batch.
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration { version: 1, name: "outbox", sql: include_str!("migrations/0001_outbox.sql") },
+    Migration { version: 2, name: "gateway_keys", sql: include_str!("migrations/0002_gateway_keys.sql") },
+];
+
+/// The schema version this binary needs.
+pub fn latest_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+const BOOKKEEPING: &str = "
+    CREATE TABLE IF NOT EXISTS idemgate.schema_migrations (
+        version    integer     PRIMARY KEY,
+        name       text        NOT NULL,
+        checksum   text        NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    );";
+
+fn checksum(migration: &Migration) -> String {
+    to_hex(&hash_fields(&[migration.sql.as_bytes()]))
+}
+
+/// Applies the missing migrations to `schema`; returns the versions it applied.
+pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, OutboxError> {
+    let transaction = client.transaction().await?;
+    // One lock per schema: migrators of one schema queue, others do not wait.
+    let lock = format!("idemgate.migrate:{}", schema.name());
+    transaction.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[&lock]).await?;
+    transaction.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", schema.name())).await?;
+    transaction.batch_execute(&schema.sql(BOOKKEEPING)).await?;
+    let rows = transaction.query(&*schema.sql("SELECT version, checksum FROM idemgate.schema_migrations"), &[]).await?;
+    let applied: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    if let Some((version, _)) = applied.iter().find(|(v, _)| *v > latest_version()) {
+        return Err(OutboxError::Schema(format!(
+            "the database is at migration {version}, newer than this binary ({}): upgrade idemgate",
+            latest_version()
+        )));
+    }
+    let mut done = Vec::new();
+    for migration in MIGRATIONS {
+        match applied.iter().find(|(v, _)| *v == migration.version) {
+            Some((_, recorded)) if *recorded == checksum(migration) => {}
+            Some(_) => {
+                return Err(OutboxError::Schema(format!(
+                    "migration {} ({}) was changed after it was applied",
+                    migration.version, migration.name
+                )));
+            }
+            None => {
+                transaction.batch_execute(&schema.sql(migration.sql)).await.map_err(|e| {
+                    OutboxError::Schema(format!("migration {} ({}) failed: {e}", migration.version, migration.name))
+                })?;
+                transaction
+                    .execute(
+                        &*schema.sql(
+                            "INSERT INTO idemgate.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                        ),
+                        &[&migration.version, &migration.name, &checksum(migration)],
+                    )
+                    .await?;
+                done.push(migration.version);
+            }
+        }
+    }
+    transaction.commit().await?;
+    Ok(done)
+}
+
+/// One plain connection (outside any pool) for running migrations.
+pub async fn connect(url: &str) -> Result<Client, OutboxError> {
+    let (client, connection) = super::parse_url(url)?.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "migration connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// The highest applied version, or 0 when the schema was never migrated.
+pub async fn current_version(client: &Client, schema: &Schema) -> Result<i32, OutboxError> {
+    let exists: bool = client
+        .query_one(&*schema.sql("SELECT to_regclass('idemgate.schema_migrations') IS NOT NULL"), &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let max = schema.sql("SELECT coalesce(max(version), 0) FROM idemgate.schema_migrations");
+    Ok(client.query_one(&*max, &[]).await?.get(0))
+}
+
+/// Fails unless the schema is exactly at [`latest_version`].
+pub async fn require_current(client: &Client, schema: &Schema) -> Result<(), OutboxError> {
+    match current_version(client, schema).await? {
+        v if v == latest_version() => Ok(()),
+        0 => Err(OutboxError::Schema("schema idemgate is missing: run `idemgate migrate --database-url …`".into())),
+        v if v < latest_version() => Err(OutboxError::Schema(format!(
+            "schema idemgate is at migration {v}, this binary needs {}: run `idemgate migrate`",
+            latest_version()
+        ))),
+        v => Err(OutboxError::Schema(format!(
+            "schema idemgate is at migration {v}, newer than this binary ({})",
+            latest_version()
+        ))),
+    }
+}

@@ -1,0 +1,211 @@
+//! The transactional outbox relay on Postgres.
+//!
+//! A service writes a side effect into `idemgate.outbox` with
+//! `idemgate.enqueue(...)` in the *same transaction* as its own state
+//! change; the relay publishes it later, at least once, always under the
+//! same derived key `hex(sha256(destination ‖ operation ‖ business_key))`,
+//! so a destination that honours `Idempotency-Key` applies it exactly once.
+//!
+//! The rooms:
+//!
+//! - [`migrate`] — versioned, idempotent schema migrations (SQL files under
+//!   `migrations/`), run under an advisory lock.
+//! - [`enqueue`] — [`enqueue::derived_key`] (pure) and the Rust helper that
+//!   enqueues inside a caller's `tokio_postgres::Transaction`.
+//! - [`claim`] — every statement the relay runs: claim, renew, complete,
+//!   retry, bury, reap, redrive. Each is one short autocommit statement;
+//!   completion and failure are fenced on `attempts`.
+//! - [`retry`] — pure: outcome classes, backoff with full jitter, `Retry-After`.
+//! - [`publisher`] — the [`publisher::Publisher`] trait and the HTTP one.
+//! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
+//!   and the run loop around it (polling, reaper, history retention, gauges).
+//! - [`listen`] — `LISTEN/NOTIFY` wake-ups on a connection outside the pool.
+//!
+//! The admin listener's outbox routes (dead rows, redrive) live in
+//! `crate::admin`. [`Schema`] lets the whole outbox live in a schema other
+//! than `idemgate` (tests use one per test).
+//!
+//! Guarantees and their limits:
+//!
+//! - **Once per derived key**: enqueueing a key that is waiting, dead, or
+//!   was delivered within `relay.history_retention` is a no-op.
+//! - **At least once** delivery: a row leaves the outbox only in the
+//!   statement that records its delivery. A relay that dies between publish
+//!   and that statement leaves the row leased; after the lease the reaper
+//!   returns it and it is published again *with the same key*.
+//! - **Per-ordering-key FIFO in commit order**; a failing (or dead) head
+//!   blocks only its own key. Rows without an ordering key go in parallel.
+//! - **Time** is only ever the database's `now()`: leases, backoffs and
+//!   retention are computed in SQL; the relay passes durations, never
+//!   instants (its own poll and renewal cadence uses local monotonic timers).
+//! - **Known cost**: rows waiting behind a failing head are skipped by every
+//!   claim (its scan walks past them), so keep ordering keys fine-grained
+//!   (per customer, per order) rather than one key for a whole stream.
+
+pub mod claim;
+pub mod enqueue;
+pub mod listen;
+pub mod migrate;
+pub mod publisher;
+pub mod relay;
+pub mod retry;
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+/// The channel `enqueue` and `redrive` notify.
+pub const CHANNEL: &str = "idemgate_outbox";
+
+/// Why an outbox operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// The database URL does not parse.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// No connection could be had from the pool.
+    #[error("database unavailable: {0}")]
+    Pool(#[source] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Database(#[source] tokio_postgres::Error),
+    /// The schema is missing, newer than this binary, or was altered.
+    #[error("schema: {0}")]
+    Schema(String),
+    /// The database computed another derived key than this binary did.
+    #[error("derived key mismatch: the database computed {database}, this binary {rust}")]
+    KeyMismatch {
+        /// What `idemgate.enqueue` returned.
+        database: String,
+        /// What [`enqueue::derived_key`] computed.
+        rust: String,
+    },
+}
+
+impl From<tokio_postgres::Error> for OutboxError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for OutboxError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Pool(e)
+    }
+}
+
+/// The schema holding the outbox (and the gateway's keys): `idemgate`
+/// unless configured otherwise. Another name serves tests (a schema per
+/// test) and several independent outboxes in one database. The SQL in this
+/// crate is written against `idemgate.`; [`Schema::sql`] rewrites it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema(String);
+
+impl Default for Schema {
+    fn default() -> Self {
+        Self("idemgate".into())
+    }
+}
+
+impl Schema {
+    /// A schema name: lower-case letters, digits and `_`, not starting with a digit, at most 63.
+    pub fn new(name: &str) -> Result<Self, OutboxError> {
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if valid {
+            Ok(Self(name.into()))
+        } else {
+            Err(OutboxError::InvalidUrl(format!("invalid schema name {name:?}")))
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// `sql` with every `idemgate.` qualifier pointing at this schema.
+    pub fn sql<'a>(&self, sql: &'a str) -> Cow<'a, str> {
+        if self.0 == "idemgate" {
+            Cow::Borrowed(sql)
+        } else {
+            Cow::Owned(sql.replace("idemgate.", &format!("{}.", self.0)))
+        }
+    }
+}
+
+/// A pool and the schema its statements address.
+#[derive(Clone)]
+pub struct Database {
+    /// The connections.
+    pub pool: Pool,
+    /// Where the tables are.
+    pub schema: Schema,
+}
+
+impl Database {
+    /// A pool of `size` connections to `url`, addressing `schema`.
+    pub fn connect(url: &str, size: usize, schema: Schema) -> Result<Self, OutboxError> {
+        Ok(Self { pool: pool(url, size)?, schema })
+    }
+
+    /// A pooled connection and `sql` prepared (and cached) on it.
+    pub(crate) async fn prepare(
+        &self,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), OutboxError> {
+        let client = self.pool.get().await?;
+        let statement = client.prepare_cached(&self.schema.sql(sql)).await?;
+        Ok((client, statement))
+    }
+}
+
+/// Parses a `postgres://` URL (no TLS: use a local socket or a TLS-terminating sidecar).
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, OutboxError> {
+    url.parse::<tokio_postgres::Config>().map_err(|e| OutboxError::InvalidUrl(e.to_string()))
+}
+
+/// A connection pool of `size` connections, with bounded waits.
+pub fn pool(url: &str, size: usize) -> Result<Pool, OutboxError> {
+    let mut config = parse_url(url)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    config.application_name("idemgate");
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .map_err(|e| OutboxError::InvalidUrl(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_schema_rewrites_every_qualifier_and_nothing_else() {
+        let schema = Schema::new("t_1_ab").unwrap();
+        assert_eq!(
+            schema.sql("SELECT idemgate.enqueue() FROM idemgate.outbox -- idemgate_outbox"),
+            "SELECT t_1_ab.enqueue() FROM t_1_ab.outbox -- idemgate_outbox"
+        );
+        assert_eq!(Schema::default().sql("idemgate.outbox"), "idemgate.outbox");
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for bad in ["", "Idemgate", "1x", "a-b", "a.b", "a;drop", &"x".repeat(64)] {
+            assert!(Schema::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Schema::new("idemgate_2").is_ok());
+    }
+}

@@ -1,0 +1,383 @@
+//! The relay: claim due rows, publish them, record what happened.
+//!
+//! [`Relay::try_execute_batch`] is one step — claim up to `batch_size`
+//! rows, publish them concurrently, and settle each by one fenced
+//! statement — so tests drive the relay without sleeping. [`Relay::run`]
+//! is the loop around it:
+//!
+//! - after a step that claimed anything it goes again at once (more may be
+//!   due, and a settled head frees its ordering key's next row); after an
+//!   empty step it waits for a `NOTIFY` ([`super::listen`]) or
+//!   `poll_interval`, whichever comes first. Polling always runs, so a lost notification only costs latency;
+//! - every `reap_interval` it returns expired leases to the queue
+//!   ([`claim::reap_expired`]); at start and hourly it runs the history
+//!   retention job;
+//! - on shutdown it stops claiming, lets the running batch finish (each
+//!   publish is bounded by its destination's timeout) and returns.
+//!
+//! While a publish runs, its lease is renewed every third of `lease`, so a
+//! slow destination is never mistaken for a dead relay. A renewal that finds
+//! the claim gone (the lease ran out and was reaped) is counted as lost;
+//! the publish is left to finish, and its settlement then changes nothing.
+//!
+//! Metrics (shared with the gateway under `serve --relay`): attempts by
+//! destination and outcome, publish latency, enqueue-to-delivery latency
+//! (database clock), lost leases, and — refreshed every [`GAUGES_EVERY`] —
+//! rows per destination and state and the oldest waiting row's age.
+//!
+//! A claimed row whose attempt count is already past `max_attempts` (its
+//! earlier attempts ended in expired leases: a relay crashed, or the
+//! message crashes relays) is buried without another publish.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::claim::{self, Claimed};
+use super::publisher::{Attempt, HttpPublisher, Publisher};
+use super::retry::{Next, RetryPolicy};
+use super::{Database, OutboxError, Schema, migrate};
+use crate::config::{Config, RelayConfig};
+use crate::metrics::Metrics;
+
+/// How often the history retention job runs.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
+/// How often the backlog gauges are refreshed: the query counts the whole
+/// outbox table, so not on every poll.
+pub const GAUGES_EVERY: Duration = Duration::from_secs(15);
+
+/// The knobs of one relay, from `[relay]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Lease per claim.
+    pub lease: Duration,
+    /// Rows per step.
+    pub batch_size: u32,
+    /// Wait between steps when idle and not notified.
+    pub poll_interval: Duration,
+    /// Wait between reaper runs.
+    pub reap_interval: Duration,
+    /// History retention.
+    pub history_retention: Duration,
+}
+
+impl From<&RelayConfig> for Settings {
+    fn from(c: &RelayConfig) -> Self {
+        Self {
+            lease: c.lease.0,
+            batch_size: c.batch_size,
+            poll_interval: c.poll_interval.0,
+            reap_interval: c.reap_interval.0,
+            history_retention: c.history_retention.0,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows delivered and recorded.
+    pub delivered: usize,
+    /// Rows scheduled for another attempt.
+    pub retried: usize,
+    /// Rows marked dead.
+    pub dead: usize,
+    /// Rows whose claim was lost before they were settled.
+    pub lost: usize,
+    /// Rows whose settlement failed (the lease will expire and they return).
+    pub errors: usize,
+}
+
+enum Settled {
+    Delivered,
+    Retried,
+    Dead,
+    Lost,
+    Error,
+}
+
+struct Inner<P> {
+    db: Database,
+    publisher: P,
+    policies: BTreeMap<String, RetryPolicy>,
+    destinations: Vec<String>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+}
+
+/// A relay serving the destinations it has policies for. Cheap to clone.
+pub struct Relay<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P> Clone for Relay<P> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A relay that claims only rows of the destinations in `policies`.
+    pub fn new(db: Database, publisher: P, policies: BTreeMap<String, RetryPolicy>, settings: Settings) -> Self {
+        let destinations = policies.keys().cloned().collect();
+        let metrics = Arc::new(Metrics::new());
+        Self { inner: Arc::new(Inner { db, publisher, policies, destinations, settings, metrics }) }
+    }
+
+    /// Reports into `metrics` (call before the relay is cloned or run).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = metrics;
+        }
+        self
+    }
+
+    /// The metrics it reports into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Sets the backlog gauges from the database.
+    pub async fn refresh_gauges(&self) -> Result<(), OutboxError> {
+        let backlog = claim::backlog(&self.inner.db).await?;
+        let m = &self.inner.metrics;
+        for destination in &self.inner.destinations {
+            let row = backlog.iter().find(|b| &b.destination == destination);
+            for (state, count) in [
+                ("ready", row.map_or(0, |b| b.ready)),
+                ("leased", row.map_or(0, |b| b.leased)),
+                ("dead", row.map_or(0, |b| b.dead)),
+            ] {
+                m.outbox_rows.with_label_values(&[destination.as_str(), state]).set(count);
+            }
+            let age = row.map_or(0, |b| b.oldest_ready_age.as_secs());
+            m.outbox_oldest_ready_age
+                .with_label_values(&[destination.as_str()])
+                .set(i64::try_from(age).unwrap_or(i64::MAX));
+        }
+        Ok(())
+    }
+
+    /// The database it uses.
+    pub fn database(&self) -> &Database {
+        &self.inner.db
+    }
+
+    /// One step: claim, publish concurrently, settle. Fails only if the claim does.
+    pub async fn try_execute_batch(&self) -> Result<Outcome, OutboxError> {
+        let s = &self.inner.settings;
+        let rows = claim::claim_batch(&self.inner.db, &self.inner.destinations, s.batch_size, s.lease).await?;
+        let mut outcome = Outcome { claimed: rows.len(), ..Outcome::default() };
+        let mut tasks = tokio::task::JoinSet::new();
+        for row in rows {
+            let relay = self.clone();
+            tasks.spawn(async move { relay.deliver(row).await });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Settled::Delivered) => outcome.delivered += 1,
+                Ok(Settled::Retried) => outcome.retried += 1,
+                Ok(Settled::Dead) => outcome.dead += 1,
+                Ok(Settled::Lost) => outcome.lost += 1,
+                Ok(Settled::Error) | Err(_) => outcome.errors += 1,
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Returns expired leases to the queue.
+    pub async fn reap(&self) -> Result<u64, OutboxError> {
+        claim::reap_expired(&self.inner.db).await
+    }
+
+    async fn deliver(&self, row: Claimed) -> Settled {
+        let pool = &self.inner.db;
+        let Some(policy) = self.inner.policies.get(&row.destination).copied() else {
+            return Settled::Error; // unreachable: the claim filters by destination
+        };
+        let started = Instant::now();
+        let settled = if row.attempt > policy.max_attempts {
+            let reason = "attempts exhausted: earlier attempts ended without a result (expired leases)";
+            claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Settled::Dead } else { Settled::Lost })
+        } else {
+            // A lease lost mid-publish shows again in the fenced settlement.
+            let attempt = self.publish_renewing(&row).await;
+            let m = &self.inner.metrics;
+            m.outbox_publish_latency
+                .with_label_values(&[row.destination.as_str()])
+                .observe(started.elapsed().as_secs_f64());
+            self.settle(&row, policy, attempt).await
+        };
+        let outcome = match &settled {
+            Ok(Settled::Delivered) => "delivered",
+            Ok(Settled::Retried) => "retried",
+            Ok(Settled::Dead) => "dead",
+            Ok(Settled::Lost) => "lease_lost",
+            Err(_) | Ok(Settled::Error) => "error",
+        };
+        self.inner.metrics.outbox_attempts.with_label_values(&[row.destination.as_str(), outcome]).inc();
+        if matches!(settled, Ok(Settled::Lost)) {
+            self.inner.metrics.outbox_lease_lost.inc();
+        }
+        match settled {
+            Ok(settled) => settled,
+            Err(e) => {
+                tracing::warn!(id = row.fence.id, error = %e, "cannot record an outbox attempt; its lease will expire");
+                Settled::Error
+            }
+        }
+    }
+
+    async fn settle(&self, row: &Claimed, policy: RetryPolicy, attempt: Attempt) -> Result<Settled, OutboxError> {
+        let pool = &self.inner.db;
+        let lost_unless = |ok: bool, settled: Settled| if ok { settled } else { Settled::Lost };
+        match attempt {
+            Attempt::Delivered => match claim::complete_measured(pool, row.fence).await? {
+                Some(waited) => {
+                    let histogram = &self.inner.metrics.outbox_commit_to_delivery;
+                    histogram.with_label_values(&[row.destination.as_str()]).observe(waited.as_secs_f64());
+                    Ok(Settled::Delivered)
+                }
+                None => Ok(Settled::Lost),
+            },
+            Attempt::Failed { class, retry_after, reason } => {
+                let unit: f64 = rand::random();
+                match policy.after_failure(class, row.attempt, retry_after, unit) {
+                    Next::RetryIn(delay) => {
+                        tracing::debug!(id = row.fence.id, ?delay, %reason, "outbox attempt failed; retrying");
+                        Ok(lost_unless(claim::retry(pool, row.fence, delay, &reason).await?, Settled::Retried))
+                    }
+                    Next::Dead => {
+                        tracing::warn!(id = row.fence.id, destination = %row.destination, %reason, "outbox row is dead");
+                        Ok(lost_unless(claim::bury(pool, row.fence, &reason).await?, Settled::Dead))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes while renewing the lease.
+    async fn publish_renewing(&self, row: &Claimed) -> Attempt {
+        let lease = self.inner.settings.lease;
+        let every = lease / 3;
+        let publish = self.inner.publisher.publish(row);
+        tokio::pin!(publish);
+        let mut lost = false;
+        loop {
+            tokio::select! {
+                attempt = &mut publish => return attempt,
+                _ = tokio::time::sleep(every), if !lost => {
+                    match claim::renew(&self.inner.db, row.fence, lease).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(id = row.fence.id, "outbox lease lost during a publish");
+                            lost = true;
+                        }
+                        Err(e) => tracing::warn!(id = row.fence.id, error = %e, "cannot renew an outbox lease"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs until `stop` is cancelled. `listen` is the database to LISTEN
+    /// on (`None`: polling only).
+    pub async fn run(self, listen: Option<tokio_postgres::Config>, stop: CancellationToken) {
+        let s = self.inner.settings;
+        let wake = Arc::new(Notify::new());
+        let listener = listen.map(|config| tokio::spawn(super::listen::listen(config, wake.clone(), stop.clone())));
+        let mut next_reap = Instant::now();
+        let mut next_maintenance = Instant::now();
+        let mut next_gauges = Instant::now();
+        while !stop.is_cancelled() {
+            if Instant::now() >= next_maintenance {
+                if let Err(e) = claim::maintain_history(&self.inner.db, s.history_retention).await {
+                    tracing::warn!(error = %e, "outbox history retention failed");
+                }
+                next_maintenance = Instant::now() + MAINTAIN_EVERY;
+            }
+            if Instant::now() >= next_reap {
+                match self.reap().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(rows = n, "returned expired outbox leases"),
+                    Err(e) => tracing::warn!(error = %e, "outbox reaper failed"),
+                }
+                next_reap = Instant::now() + s.reap_interval;
+            }
+            if Instant::now() >= next_gauges {
+                if let Err(e) = self.refresh_gauges().await {
+                    tracing::debug!(error = %e, "outbox gauges not refreshed");
+                }
+                next_gauges = Instant::now() + GAUGES_EVERY;
+            }
+            // Go again at once after any work: a full batch means more is
+            // due, and a settled head lets its ordering key's next row go.
+            let worked = match self.try_execute_batch().await {
+                Ok(outcome) => outcome.claimed > 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox claim failed");
+                    false
+                }
+            };
+            if worked {
+                continue;
+            }
+            let idle_until = (Instant::now() + s.poll_interval).min(next_reap);
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep_until(idle_until) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+        if let Some(listener) = listener {
+            let _ = listener.await;
+        }
+    }
+}
+
+/// Builds the HTTP relay a config describes: checks the schema version first.
+pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Option<tokio_postgres::Config>), String> {
+    let url = config.relay.database_url.as_ref().ok_or("the relay needs relay.database_url or --database-url")?;
+    if config.destinations.is_empty() {
+        return Err("the relay needs at least one [destinations.<name>] in the config file".into());
+    }
+    let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+    let db = Database::connect(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
+    let client = db.pool.get().await.map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
+    migrate::require_current(&client, &db.schema).await.map_err(|e| e.to_string())?;
+    drop(client);
+    let publisher = HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
+    let policies = config.destinations.iter().map(|(name, d)| (name.clone(), d.retry_policy())).collect();
+    let listen =
+        if config.relay.listen { Some(super::parse_url(url.expose()).map_err(|e| e.to_string())?) } else { None };
+    Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))
+}
+
+/// `idemgate relay`: runs the configured relay until `shutdown` resolves,
+/// with its admin listener (probes, metrics, dead rows) on `admin_listen`.
+pub async fn run_from_config(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let (relay, listen) = from_config(config).await?;
+    let access = crate::admin::AdminAccess::from_config(&config.admin)?;
+    let listener = crate::gateway::server::bind(config.admin_listen).await?;
+    let admin = crate::admin::relay::RelayAdmin::new(relay.database().clone(), relay.metrics().clone(), access);
+    // The admin listener outlives the relay's drain, so probes answer until the end.
+    let admin_stop = CancellationToken::new();
+    let admin_task =
+        tokio::spawn(crate::admin::relay::serve(listener, Arc::new(admin), admin_stop.clone().cancelled_owned()));
+    tracing::info!(destinations = config.destinations.len(), admin = %config.admin_listen, "idemgate relay running");
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(relay.run(listen, stop.clone()));
+    shutdown.await;
+    tracing::info!("relay stopping: finishing the running batch");
+    stop.cancel();
+    let finished = running.await.map_err(|e| e.to_string());
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    finished
+}

@@ -1,0 +1,194 @@
+//! What one delivery attempt's result means, and when to try again. Pure.
+//!
+//! Outcome classes (DESIGN.md, "Destinations"):
+//!
+//! | result                                   | class                      |
+//! |------------------------------------------|----------------------------|
+//! | `2xx`                                    | [`Class::Delivered`]       |
+//! | `409`, `429`, `5xx`, timeout, reset, refused | [`Class::Retry`]       |
+//! | `422` and every other `4xx`; `1xx`, `3xx` | [`Class::Reject`] (dead at once) |
+//!
+//! A `3xx` is a rejection, not a retry: the relay does not follow redirects
+//! (the `Idempotency-Key` must reach the destination the operator named),
+//! so a redirect means a misconfigured URL that only a person can fix.
+//!
+//! Backoff is exponential with *full jitter*: after the `n`-th attempt the
+//! delay is uniform in `[0, min(backoff_max, backoff_base · 2^(n-1))]`, so
+//! relays that failed together do not retry together. A `Retry-After`
+//! (delta-seconds, or an HTTP-date read against the response's own `Date`
+//! header, so no local clock is involved) is a floor on the delay; both are
+//! capped at `backoff_max`, which keeps every wait bounded by config.
+
+use std::time::Duration;
+
+/// A destination's retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Upper bound of the first backoff.
+    pub base: Duration,
+    /// Cap on any one backoff and on an honoured `Retry-After`.
+    pub max: Duration,
+    /// Attempts (counted since the last redrive) before a row is dead.
+    pub max_attempts: u32,
+}
+
+/// The class of one attempt's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The destination accepted the message.
+    Delivered,
+    /// Transient: try again later.
+    Retry,
+    /// Permanent: no retry can help; the row is dead.
+    Reject,
+}
+
+/// Classifies an HTTP status.
+pub fn classify_status(status: u16) -> Class {
+    match status {
+        200..=299 => Class::Delivered,
+        409 | 429 | 500..=599 => Class::Retry,
+        _ => Class::Reject,
+    }
+}
+
+/// What to do with a row after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Make it claimable again after this long (by the database clock).
+    RetryIn(Duration),
+    /// Give up: mark it dead.
+    Dead,
+}
+
+impl RetryPolicy {
+    /// The upper bound of the backoff after the `attempt`-th attempt (1-based).
+    pub fn cap(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(63);
+        let factor = 1u64 << doublings;
+        let base_ms = u64::try_from(self.base.as_millis()).unwrap_or(u64::MAX);
+        let max_ms = u64::try_from(self.max.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(base_ms.saturating_mul(factor).min(max_ms))
+    }
+
+    /// The delay after the `attempt`-th attempt failed. `unit` is a random
+    /// draw in `[0, 1)`, passed in so the function stays pure.
+    pub fn backoff(&self, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
+        let unit = if unit.is_finite() { unit.clamp(0.0, 1.0) } else { 0.0 };
+        let jittered = self.cap(attempt).mul_f64(unit);
+        match retry_after {
+            Some(floor) => jittered.max(floor.min(self.max)),
+            None => jittered,
+        }
+    }
+
+    /// Decides a failed attempt: `attempt` is the number of attempts made
+    /// since the last redrive, including this one.
+    pub fn after_failure(&self, class: Class, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Next {
+        match class {
+            Class::Retry if attempt < self.max_attempts => Next::RetryIn(self.backoff(attempt, retry_after, unit)),
+            _ => Next::Dead,
+        }
+    }
+
+    /// The longest time between a row's first and last attempt when every
+    /// backoff reaches its cap (publish time not included).
+    pub fn worst_case_window(&self) -> Duration {
+        (1..self.max_attempts).map(|attempt| self.cap(attempt)).fold(Duration::ZERO, Duration::saturating_add)
+    }
+}
+
+/// Reads a `Retry-After` value: delta-seconds, or an HTTP-date measured
+/// from the response's `Date` header (without one, a date is ignored).
+pub fn parse_retry_after(value: &str, date: Option<&str>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let now = httpdate::parse_http_date(date?.trim()).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const POLICY: RetryPolicy =
+        RetryPolicy { base: Duration::from_secs(1), max: Duration::from_secs(60), max_attempts: 5 };
+
+    #[test]
+    fn statuses_fall_into_the_designed_classes() {
+        for status in [200, 201, 202, 204, 299] {
+            assert_eq!(classify_status(status), Class::Delivered, "{status}");
+        }
+        for status in [409, 429, 500, 502, 503, 504, 599] {
+            assert_eq!(classify_status(status), Class::Retry, "{status}");
+        }
+        for status in [400, 401, 403, 404, 410, 422, 301, 302, 100] {
+            assert_eq!(classify_status(status), Class::Reject, "{status}");
+        }
+    }
+
+    #[test]
+    fn the_cap_doubles_until_backoff_max() {
+        let caps: Vec<u64> = (1..=8).map(|a| POLICY.cap(a).as_secs()).collect();
+        assert_eq!(caps, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(POLICY.cap(u32::MAX), POLICY.max);
+    }
+
+    #[test]
+    fn retries_stop_at_max_attempts_and_rejections_at_once() {
+        assert_eq!(POLICY.after_failure(Class::Retry, 4, None, 0.0), Next::RetryIn(Duration::ZERO));
+        assert_eq!(POLICY.after_failure(Class::Retry, 5, None, 0.0), Next::Dead);
+        assert_eq!(POLICY.after_failure(Class::Reject, 1, None, 0.0), Next::Dead);
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_capped_at_backoff_max() {
+        assert_eq!(POLICY.backoff(1, Some(Duration::from_secs(7)), 0.5), Duration::from_secs(7));
+        assert_eq!(POLICY.backoff(1, Some(Duration::from_secs(3600)), 0.5), POLICY.max);
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_against_the_response_date() {
+        assert_eq!(parse_retry_after(" 120 ", None), Some(Duration::from_secs(120)));
+        let date = Some("Wed, 21 Oct 2015 07:28:00 GMT");
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", date), Some(Duration::from_secs(30)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", date), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", None), None, "no local clock");
+        assert_eq!(parse_retry_after("soon", date), None);
+    }
+
+    #[test]
+    fn the_worst_case_window_adds_up_the_caps() {
+        // 1 + 2 + 4 + 8 seconds between five attempts.
+        assert_eq!(POLICY.worst_case_window(), Duration::from_secs(15));
+    }
+
+    proptest! {
+        #[test]
+        fn a_backoff_never_exceeds_its_cap_or_backoff_max(
+            attempt in 0u32..200, unit in 0.0f64..1.0, retry_after in proptest::option::of(0u64..100_000),
+        ) {
+            let retry_after = retry_after.map(Duration::from_millis);
+            let delay = POLICY.backoff(attempt, retry_after, unit);
+            prop_assert!(delay <= POLICY.max);
+            match retry_after {
+                Some(floor) => prop_assert!(delay >= floor.min(POLICY.max)),
+                None => prop_assert!(delay <= POLICY.cap(attempt)),
+            }
+        }
+
+        #[test]
+        fn caps_never_shrink_as_attempts_grow(attempt in 0u32..500) {
+            prop_assert!(POLICY.cap(attempt) <= POLICY.cap(attempt + 1));
+        }
+
+        #[test]
+        fn odd_draws_do_not_panic(unit in any::<f64>(), attempt in any::<u32>()) {
+            prop_assert!(POLICY.backoff(attempt, None, unit) <= POLICY.max);
+        }
+    }
+}

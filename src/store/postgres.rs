@@ -1,0 +1,316 @@
+//! Postgres backend: one row per record in `idemgate.gateway_keys`.
+//!
+//! The table comes from the same versioned migrations as the outbox
+//! (`src/outbox/migrations/0002_gateway_keys.sql`); [`PostgresStore::open`]
+//! runs them (idempotent, under an advisory lock), so pointing a gateway at
+//! a fresh database just works.
+//!
+//! A row holds the fingerprint, state (`i` in flight, `c` completed), the
+//! fence (the `u64` stored bit for bit in a `bigint`), the encoded response
+//! ([`super::codec`]; `NULL` when it was too large to keep) and
+//! `expires_at`: the lease end while in flight, the retention end once
+//! completed. Time is the database's `clock_timestamp()` only. With
+//! `store_encryption` keys the response is sealed ([`super::sealing`]),
+//! bound to its record's key, exactly as in the Redis store.
+//!
+//! Rows do not vanish by themselves as Redis keys do, so an expired row is
+//! treated as absent by every statement: `get` does not see it, fenced
+//! transitions do not match it, and `try_begin` overwrites it (reporting
+//! `took_over` when it was an expired in-flight attempt of the same
+//! request, i.e. the same fingerprint). A background task
+//! deletes expired rows every [`CLEANUP_EVERY`], at most
+//! [`CLEANUP_BATCH`] per statement.
+//!
+//! Every transition is **one statement**. `try_begin` is an
+//! `INSERT … ON CONFLICT DO UPDATE … WHERE expired` that also reads the row
+//! as it stood; if a concurrent attempt inserted the key after the
+//! statement's snapshot was taken, the insert waits for it, updates
+//! nothing, and sees no old row — the statement is then simply run again
+//! (at most [`BEGIN_TRIES`] times), and the second run sees that attempt.
+//!
+//! URL: `postgres://user:pass@host:port/db?pool_size=16&timeout=2s&schema=idemgate`
+//! (`postgresql://` too); other query options go to the driver. `schema`
+//! (default `idemgate`) lets tests, or several gateways with separate key
+//! spaces, share one database.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::sealing::{self, Sealer};
+use super::{Begin, Store, StoreError, codec, url_options};
+use crate::config::ConfigDuration;
+use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::outbox::{Database, OutboxError, Schema, migrate};
+
+/// How often expired rows are deleted.
+pub const CLEANUP_EVERY: Duration = Duration::from_secs(60);
+/// Most rows one cleanup statement deletes.
+pub const CLEANUP_BATCH: i64 = 10_000;
+/// Most runs of the begin statement under contention.
+pub const BEGIN_TRIES: usize = 3;
+
+const BEGIN: &str = "
+WITH old AS (
+    SELECT state, fingerprint, fence, response, expires_at <= clock_timestamp() AS expired,
+           greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint AS remaining_ms
+      FROM idemgate.gateway_keys WHERE key = $1),
+ins AS (
+    INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at)
+    VALUES ($1, $2, 'i', $3, NULL, clock_timestamp() + $4::bigint * interval '1 millisecond')
+    ON CONFLICT (key) DO UPDATE
+       SET fingerprint = EXCLUDED.fingerprint, state = 'i', fence = EXCLUDED.fence, response = NULL,
+           expires_at = EXCLUDED.expires_at
+     WHERE k.expires_at <= clock_timestamp()
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins) AS acquired, old.state, old.fingerprint, old.fence, old.response,
+       old.remaining_ms, old.expired
+  FROM (SELECT 1) AS one LEFT JOIN old ON true";
+
+const GET: &str = "
+SELECT state, fingerprint, fence, response,
+       greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+  FROM idemgate.gateway_keys WHERE key = $1 AND expires_at > clock_timestamp()";
+
+const RENEW: &str = "
+UPDATE idemgate.gateway_keys SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+ WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
+
+const COMPLETE: &str = "
+UPDATE idemgate.gateway_keys
+   SET state = 'c', response = $3, expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+ WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
+
+const RELEASE: &str = "
+DELETE FROM idemgate.gateway_keys
+ WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
+
+const PURGE: &str = "
+DELETE FROM idemgate.gateway_keys WHERE key = $1 RETURNING expires_at > clock_timestamp()";
+
+const CLEANUP: &str = "
+DELETE FROM idemgate.gateway_keys WHERE key IN (
+    SELECT key FROM idemgate.gateway_keys WHERE expires_at < clock_timestamp() LIMIT $1)";
+
+/// See the module docs.
+pub struct PostgresStore {
+    sealer: Option<Arc<Sealer>>,
+    db: Arc<Database>,
+    timeout: Duration,
+}
+
+fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Unavailable(Box::new(e))
+}
+
+fn from_outbox(e: OutboxError) -> StoreError {
+    match e {
+        OutboxError::InvalidUrl(m) => StoreError::InvalidUrl(m),
+        other => unavailable(other),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+impl PostgresStore {
+    /// Connects, applies the migrations, and starts the cleanup task.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let (base, _) = url.split_once('?').unwrap_or((url, ""));
+        let mut pool_size = 16;
+        let mut timeout = Duration::from_secs(2);
+        let mut schema = Schema::default();
+        let mut passthrough = Vec::new();
+        for (name, value) in url_options(url) {
+            match name {
+                "pool_size" => {
+                    pool_size = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        StoreError::InvalidUrl(format!("pool_size={value:?} is not a positive number"))
+                    })?
+                }
+                "timeout" => timeout = value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0,
+                "schema" => schema = Schema::new(value).map_err(from_outbox)?,
+                _ => passthrough.push(format!("{name}={value}")),
+            }
+        }
+        let driver_url =
+            if passthrough.is_empty() { base.to_string() } else { format!("{base}?{}", passthrough.join("&")) };
+        let db = Database::connect(&driver_url, pool_size, schema).map_err(from_outbox)?;
+        let mut client = migrate::connect(&driver_url).await.map_err(from_outbox)?;
+        migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
+        let db = Arc::new(db);
+        tokio::spawn(cleanup(Arc::downgrade(&db)));
+        Ok(Self { sealer: None, db, timeout })
+    }
+
+    /// Seals stored responses with these keys from now on.
+    pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
+        self.sealer = sealer;
+        self
+    }
+
+    /// The stored form of a response: encoded, then sealed if keys are set.
+    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
+        let encoded = codec::encode(response);
+        match &self.sealer {
+            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
+            None => Ok(encoded),
+        }
+    }
+
+    /// Reads a stored response back (unsealed ones written before keys were set too).
+    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
+        match (&self.sealer, stored.first()) {
+            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
+            (None, Some(&sealing::SEALED)) => {
+                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
+            }
+            _ => codec::decode(stored),
+        }
+    }
+
+    /// Builds a record from `state, fingerprint, fence, response, remaining_ms` at `offset`.
+    fn record(&self, key: &ScopedKey, row: &tokio_postgres::Row, offset: usize) -> Result<Record, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("postgres record: {what}"));
+        let get_err = |e: tokio_postgres::Error| corrupt(&e.to_string());
+        let state: i8 = row.try_get(offset).map_err(get_err)?;
+        let fingerprint: Vec<u8> = row.try_get(offset + 1).map_err(get_err)?;
+        let fingerprint = Fingerprint(fingerprint.try_into().map_err(|_| corrupt("fingerprint is not 32 bytes"))?);
+        let fence: i64 = row.try_get(offset + 2).map_err(get_err)?;
+        let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(get_err)?;
+        let remaining: i64 = row.try_get(offset + 4).map_err(get_err)?;
+        match state as u8 {
+            b'i' => Ok(Record::InFlight {
+                fingerprint,
+                fence: Fence(fence as u64),
+                lease_remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+            }),
+            b'c' => Ok(Record::Completed {
+                fingerprint,
+                response: response.map(|stored| self.decode(key, stored)).transpose()?,
+            }),
+            _ => Err(corrupt("unknown state")),
+        }
+    }
+
+    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, work).await.unwrap_or(Err(StoreError::Timeout))
+    }
+
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        self.bounded(async {
+            let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
+            client.execute(&statement, params).await.map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        self.bounded(async {
+            let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
+            client.query(&statement, params).await.map_err(unavailable)
+        })
+        .await
+    }
+}
+
+/// Deletes expired rows until the store is dropped.
+async fn cleanup(db: Weak<Database>) {
+    loop {
+        tokio::time::sleep(CLEANUP_EVERY).await;
+        let Some(db) = db.upgrade() else { return };
+        let result = async {
+            let (client, statement) = db.prepare(CLEANUP).await.map_err(from_outbox)?;
+            client.execute(&statement, &[&CLEANUP_BATCH]).await.map_err(unavailable)
+        };
+        match result.await {
+            Ok(n) if n > 0 => tracing::debug!(rows = n, "postgres store cleanup"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "postgres store cleanup failed"),
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    async fn try_begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        let fp = &fingerprint.0[..];
+        let fence = fence.0 as i64;
+        for _ in 0..BEGIN_TRIES {
+            let rows = self.query(BEGIN, &[&key_bytes, &fp, &fence, &millis(lease)]).await?;
+            let row = rows.first().ok_or_else(|| StoreError::Corrupt("begin returned no row".into()))?;
+            let acquired: bool = row.try_get(0).map_err(unavailable)?;
+            let old_state: Option<i8> = row.try_get(1).map_err(unavailable)?;
+            let old_expired: Option<bool> = row.try_get(6).map_err(unavailable)?;
+            if acquired {
+                let old_fingerprint: Option<Vec<u8>> = row.try_get(2).map_err(unavailable)?;
+                let took_over = old_state == Some(b'i' as i8)
+                    && old_expired == Some(true)
+                    && old_fingerprint.as_deref() == Some(fp);
+                return Ok(Begin::Acquired { took_over });
+            }
+            // Not acquired and no live old row: a concurrent attempt got in
+            // after this statement's snapshot. Run it again to see it.
+            if old_state.is_some() && old_expired == Some(false) {
+                return self.record(key, row, 1).map(Begin::Existing);
+            }
+        }
+        Err(StoreError::Unavailable("try_begin kept racing with concurrent attempts".into()))
+    }
+
+    async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        Ok(self.execute(RENEW, &[&key_bytes, &(fence.0 as i64), &millis(lease)]).await? == 1)
+    }
+
+    async fn complete(
+        &self,
+        key: &ScopedKey,
+        fence: Fence,
+        response: Option<&StoredResponse>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        let encoded = response.map(|r| self.encode(key, r)).transpose()?;
+        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &encoded, &millis(ttl)]).await? == 1)
+    }
+
+    async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        Ok(self.execute(RELEASE, &[&key_bytes, &(fence.0 as i64)]).await? == 1)
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        let rows = self.query(GET, &[&key_bytes]).await?;
+        rows.first().map(|row| self.record(key, row, 0)).transpose()
+    }
+
+    async fn purge(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        let key_bytes = &key.as_bytes()[..];
+        let rows = self.query(PURGE, &[&key_bytes]).await?;
+        Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()).unwrap_or(false))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.bounded(async {
+            let client = self.db.pool.get().await.map_err(unavailable)?;
+            client.simple_query("SELECT 1").await.map(drop).map_err(unavailable)
+        })
+        .await
+    }
+}
