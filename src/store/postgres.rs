@@ -37,7 +37,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::sealing::{self, Sealer};
-use super::{Begin, Store, StoreError, codec, url_options};
+use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 use crate::outbox::{Database, OutboxError, Schema, migrate};
@@ -151,22 +151,12 @@ impl PostgresStore {
 
     /// The stored form of a response: encoded, then sealed if keys are set.
     fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
-        let encoded = codec::encode(response);
-        match &self.sealer {
-            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
-            None => Ok(encoded),
-        }
+        sealing::seal_response(self.sealer.as_deref(), key, response)
     }
 
-    /// Reads a stored response back (unsealed ones written before keys were set too).
+    /// Reads a stored response back (see [`sealing::open_response`]).
     fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
-        match (&self.sealer, stored.first()) {
-            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
-            (None, Some(&sealing::SEALED)) => {
-                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
-            }
-            _ => codec::decode(stored),
-        }
+        sealing::open_response(self.sealer.as_deref(), key, stored)
     }
 
     /// Builds a record from `state, fingerprint, fence, response, remaining_ms` at `offset`.

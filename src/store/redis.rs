@@ -28,7 +28,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, RedisResult, Script, TlsCertificates, Value};
 
 use super::sealing::{self, Sealer};
-use super::{Begin, Store, StoreError, codec, url_options};
+use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 
@@ -210,23 +210,12 @@ impl RedisStore {
 
     /// The stored form of a response: encoded, then sealed if keys are set.
     fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
-        let encoded = codec::encode(response);
-        match &self.sealer {
-            Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
-            None => Ok(encoded),
-        }
+        sealing::seal_response(self.sealer.as_deref(), key, response)
     }
 
-    /// Reads a stored response back. Unsealed records written before keys
-    /// were configured still read (they expire within `key_ttl`).
+    /// Reads a stored response back (see [`sealing::open_response`]).
     fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
-        match (&self.sealer, stored.first()) {
-            (Some(sealer), Some(&sealing::SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
-            (None, Some(&sealing::SEALED)) => {
-                Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
-            }
-            _ => codec::decode(stored),
-        }
+        sealing::open_response(self.sealer.as_deref(), key, stored)
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {

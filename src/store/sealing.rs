@@ -18,7 +18,8 @@
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
-use super::StoreError;
+use super::{StoreError, codec};
+use crate::idempotency::{ScopedKey, StoredResponse};
 
 /// First byte of a sealed value (an unsealed encoding starts with its version, 1).
 pub const SEALED: u8 = 0xE1;
@@ -100,6 +101,33 @@ impl Sealer {
         let plain =
             key.open_in_place(nonce, Aad::from(context), &mut body).map_err(|_| corrupt("authentication failed"))?;
         Ok(plain.to_vec())
+    }
+}
+
+/// A response as networked stores keep it: encoded, then sealed when a
+/// sealer is configured.
+pub fn seal_response(
+    sealer: Option<&Sealer>,
+    key: &ScopedKey,
+    response: &StoredResponse,
+) -> Result<Vec<u8>, StoreError> {
+    let encoded = codec::encode(response);
+    match sealer {
+        Some(sealer) => sealer.seal(key.as_bytes(), &encoded),
+        None => Ok(encoded),
+    }
+}
+
+/// Reads back what [`seal_response`] wrote. Unsealed records written before
+/// keys were configured still read (they expire within `key_ttl`); a sealed
+/// one without keys is an error, never a guess.
+pub fn open_response(sealer: Option<&Sealer>, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
+    match (sealer, stored.first()) {
+        (Some(sealer), Some(&SEALED)) => codec::decode(sealer.open(key.as_bytes(), &stored)?),
+        (None, Some(&SEALED)) => {
+            Err(StoreError::Corrupt("the stored response is sealed but no store_encryption keys are set".into()))
+        }
+        _ => codec::decode(stored),
     }
 }
 
