@@ -26,15 +26,12 @@ mod outbox;
 mod query;
 pub mod relay;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 pub use auth::{AccessDenied, AdminAccess};
@@ -215,26 +212,9 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> 
 
 /// Serves the admin listener until `shutdown` resolves.
 pub async fn serve<S: Store>(listener: TcpListener, admin: Arc<Admin<S>>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => return,
-        };
+    let handle = move |request| {
         let admin = admin.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.handle(request).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+        async move { admin.handle(request).await }
+    };
+    crate::gateway::server::serve_internal(listener, "admin", handle, shutdown).await;
 }

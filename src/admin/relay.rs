@@ -5,14 +5,10 @@
 //! (`/admin/keys/…`) answer `404` here. A relay and a gateway on one host
 //! need different `admin_listen` addresses (`--admin-listen`).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use super::{AccessDenied, AdminAccess, json, outbox};
@@ -79,26 +75,9 @@ impl RelayAdmin {
 
 /// Serves until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, admin: Arc<RelayAdmin>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => return,
-        };
+    let handle = move |request| {
         let admin = admin.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.handle(request).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+        async move { admin.handle(request).await }
+    };
+    crate::gateway::server::serve_internal(listener, "relay admin", handle, shutdown).await;
 }

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use tokio_rustls::TlsAcceptor;
@@ -56,15 +56,7 @@ pub async fn serve<S: Store>(
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { break };
         let (stream, addr) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener, "gateway") => accepted,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
@@ -110,6 +102,48 @@ pub async fn serve<S: Store>(
     gateway.tasks().close();
     if tokio::time::timeout(grace, gateway.tasks().wait()).await.is_err() {
         tracing::warn!("upstream attempts still running after the grace period; their leases will expire");
+    }
+}
+
+/// The next connection. An accept error (EMFILE and friends) is logged and
+/// backed off from instead of spinning.
+pub(crate) async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(listener = name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves an internal listener (admin, relay admin): plain HTTP, one
+/// `handle` call per request, until `shutdown` resolves.
+pub(crate) async fn serve_internal<F, Fut>(
+    listener: TcpListener,
+    name: &'static str,
+    handle: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(hyper::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<super::body::ResponseBody>> + Send + 'static,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = accept(&listener, name) => accepted,
+            () = &mut shutdown => return,
+        };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let response = handle(request);
+                async move { Ok::<_, std::convert::Infallible>(response.await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+        });
     }
 }
 
