@@ -109,6 +109,35 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
+// One connection type for scripts and plain commands alike.
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 struct Scripts {
     begin: Script,
     get: Script,
@@ -223,12 +252,17 @@ impl RedisStore {
     }
 
     async fn run<T: FromRedisValue>(&self, invocation: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
-        let call = async {
-            match &self.connection {
-                Connection::Single(c) => invoke(invocation, &mut c.clone()).await,
-                Connection::Cluster(c) => invoke(invocation, &mut c.clone()).await,
-            }
-        };
+        let mut connection = self.connection.clone();
+        self.bounded(invocation.invoke_async(&mut connection)).await
+    }
+
+    async fn command<T: FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+        let mut connection = self.connection.clone();
+        self.bounded(cmd.query_async(&mut connection)).await
+    }
+
+    /// One Redis call under the store timeout.
+    async fn bounded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| StoreError::Unavailable(Box::new(e))),
             Err(_) => Err(StoreError::Timeout),
@@ -242,13 +276,6 @@ impl RedisStore {
 /// measured, that was most of the Redis store's latency under load.
 fn no_delay() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
-}
-
-async fn invoke<T: FromRedisValue>(
-    invocation: redis::ScriptInvocation<'_>,
-    connection: &mut impl ConnectionLike,
-) -> RedisResult<T> {
-    invocation.invoke_async(connection).await
 }
 
 fn millis(d: Duration) -> u64 {
@@ -351,29 +378,10 @@ impl Store for RedisStore {
     async fn purge(&self, key: &ScopedKey) -> Result<bool, StoreError> {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(self.redis_key(key));
-        let call = async {
-            match &self.connection {
-                Connection::Single(c) => cmd.query_async::<i64>(&mut c.clone()).await,
-                Connection::Cluster(c) => cmd.query_async::<i64>(&mut c.clone()).await,
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map(|n| n == 1).map_err(|e| StoreError::Unavailable(Box::new(e))),
-            Err(_) => Err(StoreError::Timeout),
-        }
+        self.command::<i64>(cmd).await.map(|n| n == 1)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let cmd = redis::cmd("PING");
-        let call = async {
-            match &self.connection {
-                Connection::Single(c) => cmd.query_async::<String>(&mut c.clone()).await,
-                Connection::Cluster(c) => cmd.query_async::<String>(&mut c.clone()).await,
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map(drop).map_err(|e| StoreError::Unavailable(Box::new(e))),
-            Err(_) => Err(StoreError::Timeout),
-        }
+        self.command::<String>(redis::cmd("PING")).await.map(drop)
     }
 }
