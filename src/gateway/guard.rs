@@ -8,7 +8,7 @@
 //!    the upstream works, then completes or releases the record under its
 //!    fence *before* the response goes back, so a client that retries the
 //!    moment it has an answer gets the replay;
-//! 4. the client's disconnect cannot cancel steps 3's task.
+//! 4. the client's disconnect cannot cancel step 3's task.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

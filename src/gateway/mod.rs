@@ -228,7 +228,7 @@ impl<S: Store> Gateway<S> {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
-                return Problem::NoRoute.to_response();
+                return Problem::Internal.to_response();
             }
         };
         let sent = Instant::now();
