@@ -70,7 +70,9 @@ pub(super) async fn run<S: Store>(
                 }
                 let attempt = Attempt { gateway: gateway.clone(), route: route.clone(), scoped, fence, client };
                 // A separate task: the client's disconnect must not abandon the record.
-                let task = gateway.tasks.spawn(attempt.run(parts, body));
+                // Boxed, because a task's cell holds its future inline and
+                // tokio moves that cell (kilobytes here) several times per spawn.
+                let task = gateway.tasks.spawn(Box::pin(attempt.run(parts, body)));
                 let (outcome, response) =
                     task.await.unwrap_or_else(|_| (Outcome::UpstreamError, Problem::Internal.to_response()));
                 return (outcome, hashed, response);
@@ -82,7 +84,8 @@ pub(super) async fn run<S: Store>(
                     FailMode::Closed => (Outcome::StoreError, hashed, Problem::StoreUnavailable.to_response()),
                     FailMode::Open => {
                         let attempt = Attempt { gateway: gateway.clone(), route: route.clone(), scoped, fence, client };
-                        (Outcome::FailOpen, hashed, attempt.forward_unguarded(parts, body).await)
+                        let response = Box::pin(attempt.forward_unguarded(parts, body)).await;
+                        (Outcome::FailOpen, hashed, response)
                     }
                 };
             }

@@ -209,7 +209,10 @@ impl<S: Store> Gateway<S> {
             return (Outcome::Passthrough, None, self.passthrough(route, request, client).await);
         }
         match IdempotencyKey::from_headers(request.headers()) {
-            Ok(Some(key)) => guard::run(self, route, request, key, client).await,
+            // Boxed: the guarded future is several kilobytes, and hyper keeps
+            // a connection's in-flight future inline, so every request (and
+            // every idle connection) would carry and copy it.
+            Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, client)).await,
             Ok(None) if route.require_key => (Outcome::MissingKey, None, Problem::MissingKey.to_response()),
             Ok(None) => (Outcome::Passthrough, None, self.passthrough(route, request, client).await),
             Err(e) => (Outcome::InvalidKey, None, Problem::InvalidKey(e).to_response()),

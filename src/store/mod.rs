@@ -142,12 +142,15 @@ impl AnyStore {
     }
 }
 
+// The networked backends' futures are boxed: a Postgres or Redis call's
+// state machine runs to kilobytes, and unboxed it would size (and be copied
+// with) every future that awaits the store, memory store included.
 macro_rules! delegate {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($store) => $call.await,
-            AnyStore::Redis($store) => $call.await,
-            AnyStore::Postgres($store) => $call.await,
+            AnyStore::Redis($store) => Box::pin($call).await,
+            AnyStore::Postgres($store) => Box::pin($call).await,
         }
     };
 }
