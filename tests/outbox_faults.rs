@@ -342,3 +342,64 @@ async fn a_poison_row_under_load_dies_with_its_reason_holds_only_its_key_and_flo
         started.elapsed()
     );
 }
+
+/// SIGTERM reaches a relay while its database accepts connections but
+/// never answers (the server frozen with SIGSTOP, as a host that vanished
+/// without closing them): the relay exits after at most one lease instead
+/// of waiting forever on a claim. Nothing is lost: once the server thaws,
+/// a new relay delivers what was enqueued meanwhile. (Regression: the run
+/// loop awaited its step without bound, so the relay never exited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_stopped_while_postgres_does_not_answer_exits_instead_of_waiting_forever() {
+    let seed = outbox_check::seed("frozen postgres");
+    let postgres = tokio::task::spawn_blocking(PostgresProcess::start).await.unwrap();
+    let url = postgres.url();
+    let schema = Schema::default();
+    let mut client = migrate::connect(&url).await.unwrap();
+    migrate::run(&mut client, &schema).await.unwrap();
+    drop(client);
+    let sink = Sink::start().await;
+    let config = binary_relay_config(&url, schema.name(), &sink);
+    let workload = Workload::new(seed, &[DESTINATION], 2, 5, 10, 2);
+    let (first, second) = workload.lanes.split_at(1);
+    let (first, second) = (Workload { lanes: first.to_vec() }, Workload { lanes: second.to_vec() });
+    let ledger = Ledger::default();
+
+    let relay = RelayProcess::start(&config);
+    enqueue(&url, &schema, &first, &ledger, Duration::ZERO).await;
+    assert!(sink.wait_for_effects(first.len(), Duration::from_secs(30)).await, "{}", relay.log_tail(20));
+    postgres.freeze();
+    // Past a poll interval: the relay's next claim waits on the frozen server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = tokio::task::spawn_blocking(move || relay.terminate()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+
+    postgres.thaw();
+    let relay = RelayProcess::start(&config);
+    enqueue(&url, &schema, &second, &ledger, Duration::ZERO).await;
+    wait_until_settled(&url, &schema, SETTLE_LIMIT).await;
+    assert!(relay.terminate().success());
+    let client = outbox_check::connect(&url).await.unwrap();
+    let report = check(&client, &schema, &ledger, &sink).await;
+    assert_eq!(report.delivered, workload.len(), "{report}");
+}
+
+/// The same for the LISTEN session: a relay whose LISTEN connection reaches
+/// a server that accepts but never answers still delivers (by polling) and
+/// still stops when told. (Regression: the listener waited for its
+/// connection without watching for the stop, and the relay for the listener.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_listen_server_never_answers_still_delivers_and_stops() {
+    let fx = Fixture::start().await;
+    // The kernel completes connections to it; nothing ever reads or answers.
+    let silent = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let listen = idemgate::outbox::parse_url(&format!("postgres://postgres@{}/x", silent.local_addr().unwrap()));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fx.relay(LEASE).run(Some(listen.unwrap()), stop.clone()));
+    let key = fx.enqueue("polled", json!({}), None).await;
+    assert!(fx.sink.wait_for(1, Duration::from_secs(10)).await, "polling delivered nothing");
+    stop.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(10), running).await;
+    assert!(stopped.is_ok(), "the relay did not stop");
+    assert_eq!(fx.sink.count_for(&key), 1);
+}

@@ -6,7 +6,7 @@
 //! the same port and data directory, so clients see the *same* database go
 //! away and come back. The server is stopped by PID in one of three ways
 //! ([`Stop`]); the last two leave no checkpoint and make the next start run
-//! crash recovery.
+//! crash recovery. It can also be frozen (SIGSTOP) and thawed.
 //!
 //! PostgreSQL refuses to run as root: when the tests run as root, the
 //! server runs as the `postgres` user (the directory is handed to it).
@@ -114,6 +114,21 @@ impl PostgresProcess {
             std::thread::sleep(Duration::from_millis(200));
         }
         panic!("postgres did not restart on port {}: {last_error}", self.port);
+    }
+
+    /// SIGSTOP to the server and its children: connections stay open and
+    /// nothing answers, like a host that vanished without closing them.
+    pub fn freeze(&self) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        signal("STOP", &[pid]);
+        signal("STOP", &children_of(pid));
+    }
+
+    /// SIGCONT after [`Self::freeze`].
+    pub fn thaw(&self) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        signal("CONT", &children_of(pid));
+        signal("CONT", &[pid]);
     }
 
     fn log_path(&self) -> PathBuf {
