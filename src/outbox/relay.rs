@@ -328,7 +328,7 @@ impl<P: Publisher> Relay<P> {
             () = &mut work => {}
             () = stop.cancelled() => {
                 if tokio::time::timeout(self.inner.settings.lease, &mut work).await.is_err() {
-                    tracing::warn!("outbox relay stopped before its last step finished: the database did not answer");
+                    tracing::warn!("outbox relay stopped before its last step finished (the database or a destination did not answer within one lease); its rows return when their leases expire");
                 }
             }
         }

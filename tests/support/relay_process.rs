@@ -43,6 +43,7 @@ impl RelayProcess {
             .arg(self.dir.0.join("idemgate.toml"))
             .args(["--admin-listen", &self.admin.to_string()])
             .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone a file handle"))
             .stderr(log)
