@@ -11,10 +11,13 @@
 //!   redriven.
 //! - One poison row under load: dead with its reason, its key held, the
 //!   rest delivered; redriven, its key flows.
+//! - PostgreSQL frozen (accepting, never answering): a relay still stops
+//!   when told, and one whose LISTEN server is silent still delivers.
 //!
 //! Workloads and fault schedules are seeded (`IDEMGATE_SEED` replays a
 //! run). Waits are bounded and fail with what was left; nothing asserts
-//! how fast anything went.
+//! how fast anything went. The one check on time is a floor: no row is
+//! tried again sooner than the `Retry-After` it was given.
 
 mod support;
 

@@ -12,8 +12,8 @@
 //! [`check`] then holds three views against each other: the ledger (what
 //! was committed), the database (the outbox and the delivered history) and
 //! the [`Sink`] (every request the idempotent downstream received, how it
-//! answered, which ones applied an effect). Once the relays are stopped it
-//! asserts:
+//! answered, which ones applied an effect). Once the relays are stopped, or
+//! idle with the outbox settled ([`wait_until_settled`]), it asserts:
 //!
 //! 1. **None lost.** Every committed row is delivered (in the history *and*
 //!    applied at the sink), or dead with a reason, or waiting behind a dead
@@ -309,7 +309,9 @@ struct OutboxRow {
     ordering_seq: Option<i64>,
 }
 
-/// [`verify`], failing the test on any violation. Call with the relays stopped.
+/// [`verify`], failing the test on any violation. Call with the relays
+/// stopped, or idle once the outbox has settled: a publish still in flight
+/// would land after the sink was read.
 pub async fn check(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Sink) -> Report {
     let report = verify(client, schema, ledger, sink).await;
     let shown: Vec<&String> = report.violations.iter().take(30).collect();
