@@ -32,7 +32,12 @@ pub async fn listen(mut config: tokio_postgres::Config, wake: Arc<Notify>, stop:
     let mut delay = RECONNECT_MIN;
     loop {
         let mut connected = false;
-        match listen_once(&config, &wake, &stop, &mut connected).await {
+        // A server that accepts but never answers must not hold a shutdown.
+        let attempt = tokio::select! {
+            result = listen_once(&config, &wake, &stop, &mut connected) => result,
+            () = stop.cancelled() => return,
+        };
+        match attempt {
             Ok(()) if stop.is_cancelled() => return,
             Ok(()) => tracing::warn!("outbox LISTEN connection closed; reconnecting"),
             Err(e) => tracing::warn!(error = %e, "outbox LISTEN connection failed; polling continues"),

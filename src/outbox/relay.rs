@@ -13,7 +13,8 @@
 //!   ([`claim::reap_expired`]); at start and hourly it runs the history
 //!   retention job;
 //! - on shutdown it stops claiming, lets the running batch finish (each
-//!   publish is bounded by its destination's timeout) and returns.
+//!   publish is bounded by its destination's timeout; the whole step by one
+//!   `lease`, as a database that stops answering bounds nothing) and returns.
 //!
 //! A settlement (complete, retry, bury) that fails on a database error is
 //! tried twice more within about half a second; after that the row waits
@@ -305,8 +306,13 @@ impl<P: Publisher> Relay<P> {
 
     /// Runs until `stop` is cancelled. `listen` is the database to LISTEN
     /// on (`None`: polling only).
+    ///
+    /// Once `stop` is cancelled, the running step may finish for at most
+    /// one `lease`: a database that stopped answering (frozen, or gone
+    /// without closing the connection) would otherwise hold the shutdown
+    /// forever, since statements have no client-side timeout. A step cut
+    /// short leaves its rows leased; they return when their leases expire.
     pub async fn run(self, listen: Option<tokio_postgres::Config>, stop: CancellationToken) {
-        let s = self.inner.settings;
         let wake = Arc::new(Notify::new());
         // Dropping this future (an aborted task) must not leave the listener behind.
         let listener = listen.map(|config| {
@@ -316,6 +322,24 @@ impl<P: Publisher> Relay<P> {
                 stop.clone(),
             )))
         });
+        let work = self.work(&wake, &stop);
+        tokio::pin!(work);
+        tokio::select! {
+            () = &mut work => {}
+            () = stop.cancelled() => {
+                if tokio::time::timeout(self.inner.settings.lease, &mut work).await.is_err() {
+                    tracing::warn!("outbox relay stopped before its last step finished (the database or a destination did not answer within one lease); its rows return when their leases expire");
+                }
+            }
+        }
+        if let Some(listener) = listener {
+            let _ = listener.await;
+        }
+    }
+
+    /// The loop of [`Self::run`]: steps, reaps, retention and gauges until `stop`.
+    async fn work(&self, wake: &Notify, stop: &CancellationToken) {
+        let s = self.inner.settings;
         let mut next_reap = Instant::now();
         let mut next_maintenance = Instant::now();
         let mut next_gauges = Instant::now();
@@ -358,9 +382,6 @@ impl<P: Publisher> Relay<P> {
                 _ = tokio::time::sleep_until(idle_until) => {}
                 _ = stop.cancelled() => {}
             }
-        }
-        if let Some(listener) = listener {
-            let _ = listener.await;
         }
     }
 }

@@ -5,7 +5,10 @@
 
 pub mod gateway;
 pub mod outbox;
+pub mod outbox_check;
 pub mod postgres;
+pub mod postgres_server;
 pub mod redis_server;
+pub mod relay_process;
 pub mod sink;
 pub mod upstream;

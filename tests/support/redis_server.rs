@@ -298,10 +298,10 @@ fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
 }
 
 /// A directory under the system temp dir, removed with its contents on drop.
-struct TempDir(PathBuf);
+pub struct TempDir(pub PathBuf);
 
 impl TempDir {
-    fn new(kind: &str) -> Self {
+    pub fn new(kind: &str) -> Self {
         let path = std::env::temp_dir().join(format!("idemgate-{kind}-{:016x}", rand::random::<u64>()));
         fs::create_dir_all(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
         Self(path)

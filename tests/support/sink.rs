@@ -1,17 +1,27 @@
 //! A destination for outbox tests: a real HTTP server on port 0 that
 //! records every request it receives, in arrival order.
 //!
-//! It is not idempotent and it obeys the payload it receives, so a test
-//! scripts a message's fate when it enqueues it:
+//! It obeys the payload it receives, so a test scripts a message's fate
+//! when it enqueues it:
 //! - `{"status": N}` → answers `N` (default `200`);
 //! - `{"retry_after": "…"}` → adds that `Retry-After` header;
 //! - `{"delay_ms": N}` → answers after `N` ms.
 //!
-//! [`Sink::fail_with`] overrides the status of every answer until cleared.
+//! [`Sink::fail_with`] overrides the status of every answer until cleared,
+//! and [`Sink::retry_after`] adds a `Retry-After` to every failure.
+//!
+//! It is also the idempotent downstream the fault tests check against: a
+//! `2xx` answer to a key it has not acknowledged before applies the
+//! request's *effect* (marked [`Received::effect`]); a later request with
+//! that key and the same body is acknowledged again without a second
+//! effect; one with another body is refused with `422`, as an API that
+//! honours `Idempotency-Key` does. A request without a key cannot be
+//! deduplicated: each one it acknowledges is an effect of its own.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -22,18 +32,36 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-/// One request as received.
+/// One request as received, and how it was answered.
 #[derive(Debug, Clone)]
 pub struct Received {
     pub key: String,
     pub payload: serde_json::Value,
     pub headers: http::HeaderMap,
+    /// The body, byte for byte.
+    pub body: Bytes,
+    /// The status answered.
+    pub status: u16,
+    /// The `Retry-After` answered, if any.
+    pub retry_after: Option<String>,
+    /// Whether this request applied its key's effect (the first acknowledged one).
+    pub effect: bool,
+    /// When it was answered.
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Log {
+    received: Vec<Received>,
+    /// The body of each key's effect.
+    applied: HashMap<String, Bytes>,
 }
 
 #[derive(Default)]
 struct State {
-    received: Mutex<Vec<Received>>,
+    log: Mutex<Log>,
     fail_with: Mutex<Option<u16>>,
+    retry_after: Mutex<Option<String>>,
     signal: Notify,
 }
 
@@ -71,24 +99,43 @@ impl Sink {
         *self.state.fail_with.lock().unwrap() = status;
     }
 
+    /// Adds `Retry-After: value` to every answer that is not a `2xx` (or, with `None`, as the payload says).
+    pub fn retry_after(&self, value: Option<&str>) {
+        *self.state.retry_after.lock().unwrap() = value.map(str::to_owned);
+    }
+
     pub fn received(&self) -> Vec<Received> {
-        self.state.received.lock().unwrap().clone()
+        self.state.log.lock().unwrap().received.clone()
     }
 
     pub fn count(&self) -> usize {
-        self.state.received.lock().unwrap().len()
+        self.state.log.lock().unwrap().received.len()
     }
 
     pub fn count_for(&self, key: &str) -> usize {
-        self.state.received.lock().unwrap().iter().filter(|r| r.key == key).count()
+        self.state.log.lock().unwrap().received.iter().filter(|r| r.key == key).count()
+    }
+
+    /// Effects applied so far.
+    pub fn effects(&self) -> usize {
+        self.state.log.lock().unwrap().received.iter().filter(|r| r.effect).count()
     }
 
     /// Waits until `n` requests have arrived, at most `limit`; `false` on timeout.
     pub async fn wait_for(&self, n: usize, limit: Duration) -> bool {
+        self.wait_until(|log| log.received.len() >= n, limit).await
+    }
+
+    /// Waits until `n` effects have been applied, at most `limit`; `false` on timeout.
+    pub async fn wait_for_effects(&self, n: usize, limit: Duration) -> bool {
+        self.wait_until(|log| log.received.iter().filter(|r| r.effect).count() >= n, limit).await
+    }
+
+    async fn wait_until(&self, done: impl Fn(&Log) -> bool, limit: Duration) -> bool {
         tokio::time::timeout(limit, async {
             loop {
                 let notified = self.state.signal.notified();
-                if self.count() >= n {
+                if done(&self.state.log.lock().unwrap()) {
                     return;
                 }
                 notified.await;
@@ -109,9 +156,27 @@ async fn handle(request: Request<Incoming>, state: Arc<State>) -> Result<Respons
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let scripted = payload.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
-    let status = state.fail_with.lock().unwrap().unwrap_or(scripted);
-    let retry_after = payload.get("retry_after").and_then(|v| v.as_str()).map(str::to_owned);
-    state.received.lock().unwrap().push(Received { key, payload, headers });
+    let mut status = state.fail_with.lock().unwrap().unwrap_or(scripted);
+    let mut retry_after = payload.get("retry_after").and_then(|v| v.as_str()).map(str::to_owned);
+    let mut log = state.log.lock().unwrap();
+    let mut effect = false;
+    if (200..300).contains(&status) {
+        match log.applied.get(&key) {
+            _ if key.is_empty() => effect = true,
+            None => {
+                log.applied.insert(key.clone(), body.clone());
+                effect = true;
+            }
+            Some(first) if *first == body => {} // a repeat: acknowledged, not applied again
+            Some(_) => status = 422,            // the key of another request
+        }
+    }
+    if !(200..300).contains(&status) {
+        retry_after = state.retry_after.lock().unwrap().clone().or(retry_after);
+    }
+    let at = Instant::now();
+    log.received.push(Received { key, payload, headers, body, status, retry_after: retry_after.clone(), effect, at });
+    drop(log);
     state.signal.notify_waiters();
     let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
