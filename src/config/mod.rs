@@ -338,6 +338,10 @@ pub struct RouteConfig {
     /// Extra CA certificates (PEM) trusted for this `https://` upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// Connections to the upstream at most; requests beyond wait for one
+    /// within `upstream_timeout`.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
     /// Overrides `gateway.release_statuses` for this route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_statuses: Option<Vec<u16>>,
@@ -349,6 +353,10 @@ fn default_prefix() -> String {
 
 fn default_methods() -> Vec<String> {
     vec!["POST".into(), "PATCH".into()]
+}
+
+fn default_max_connections() -> usize {
+    crate::gateway::upstream::DEFAULT_MAX_CONNECTIONS
 }
 
 /// The admin API.
@@ -470,6 +478,7 @@ impl Config {
                 require_key: false,
                 keep_host: false,
                 ca_file: None,
+                max_connections: default_max_connections(),
                 release_statuses: None,
             });
         }
@@ -549,6 +558,9 @@ impl Config {
             }
             check_upstream_url(&route.upstream)
                 .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", route.name)))?;
+            if !(1..=65_536).contains(&route.max_connections) {
+                return invalid(format!("route {:?}: max_connections must be between 1 and 65536", route.name));
+            }
             for method in &route.methods {
                 if http::Method::from_bytes(method.as_bytes()).is_err() {
                     return invalid(format!("route {:?}: {method:?} is not an HTTP method", route.name));

@@ -23,7 +23,7 @@ use super::body::{Prefixed, ResponseBody, boxed, full};
 use super::headers::{IDEMPOTENT_REPLAYED, clean_response_head, headers_to_store};
 use super::problem::Problem;
 use super::routes::Route;
-use super::upstream::{ClientInfo, UpstreamError, rewrite};
+use super::upstream::{ClientInfo, UpstreamBody, UpstreamError, rewrite};
 use super::{Gateway, Outcome};
 use crate::config::{ConcurrentMode, FailMode, ForwardKey};
 use crate::idempotency::{Decision, Fence, IdempotencyKey, ScopedKey, StoredResponse, decide};
@@ -133,10 +133,12 @@ struct Buffered {
     head: response::Parts,
     prefix: Bytes,
     /// The unread rest when the body was larger than the cap.
-    rest: Option<Incoming>,
+    rest: Option<UpstreamBody>,
 }
 
-/// How a forward ended.
+/// How a forward ended. Lives for one match, so the size difference
+/// between its variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Forward {
     Answered(Buffered),
     /// The upstream failed; `status` is set when a head had arrived first.

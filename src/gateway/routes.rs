@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use http::{Method, Uri, uri::Authority, uri::Scheme};
+use http::uri::PathAndQuery;
+use http::{Method, Uri};
 
 use super::upstream::Upstream;
 use crate::config::{RouteConfig, check_upstream_url};
@@ -15,10 +16,6 @@ pub struct Route {
     pub name: String,
     /// Path prefix.
     pub prefix: String,
-    /// Upstream scheme.
-    pub scheme: Scheme,
-    /// Upstream host and port.
-    pub authority: Authority,
     /// Upstream base path, without a trailing `/` (often empty).
     pub base_path: String,
     /// Guarded methods.
@@ -37,10 +34,9 @@ impl Route {
     /// Compiles a validated route config.
     pub fn from_config(config: &RouteConfig, default_policy: &StatusPolicy) -> Result<Self, String> {
         let uri = check_upstream_url(&config.upstream)?;
-        let parts = uri.into_parts();
-        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
-            return Err(format!("route {:?}: upstream needs a scheme and a host", config.name));
-        };
+        let upstream = Upstream::new(&uri, config.ca_file.as_deref(), config.max_connections)
+            .map_err(|e| format!("route {:?}: {e}", config.name))?;
+        let base_path = uri.path().trim_end_matches('/').to_owned();
         let methods = config
             .methods
             .iter()
@@ -52,9 +48,7 @@ impl Route {
         Ok(Self {
             name: config.name.clone(),
             prefix: config.prefix.clone(),
-            scheme,
-            authority,
-            base_path: parts.path_and_query.map(|p| p.path().trim_end_matches('/').to_owned()).unwrap_or_default(),
+            base_path,
             methods,
             require_key: config.require_key,
             keep_host: config.keep_host,
@@ -63,7 +57,7 @@ impl Route {
                 .clone()
                 .map(|release| StatusPolicy { release })
                 .unwrap_or_else(|| default_policy.clone()),
-            upstream: Upstream::new(config.ca_file.as_deref()).map_err(|e| format!("route {:?}: {e}", config.name))?,
+            upstream,
         })
     }
 
@@ -75,11 +69,10 @@ impl Route {
     /// The upstream URI for a request URI: base path + the request's path and query.
     pub fn upstream_uri(&self, uri: &Uri) -> Result<Uri, http::Error> {
         let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{path_and_query}", self.base_path))
-            .build()
+        if self.base_path.is_empty() {
+            return Ok(Uri::from(uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"))));
+        }
+        Uri::builder().path_and_query(format!("{}{path_and_query}", self.base_path)).build()
     }
 }
 
@@ -117,6 +110,7 @@ mod tests {
             require_key: false,
             keep_host: false,
             ca_file: None,
+            max_connections: 4,
             release_statuses: None,
         }
     }
@@ -130,10 +124,7 @@ mod tests {
         .unwrap();
         let pay = table.find("/v1/payments").unwrap();
         assert_eq!(pay.name, "pay");
-        assert_eq!(
-            pay.upstream_uri(&"/v1/payments?x=1".parse().unwrap()).unwrap(),
-            "http://127.0.0.1:9000/api/v1/payments?x=1"
-        );
+        assert_eq!(pay.upstream_uri(&"/v1/payments?x=1".parse().unwrap()).unwrap(), "/api/v1/payments?x=1");
         assert!(pay.guards(&Method::PATCH) && !pay.guards(&Method::GET));
         assert_eq!(table.find("/other").unwrap().name, "all");
     }

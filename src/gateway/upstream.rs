@@ -5,17 +5,37 @@
 //! upstream's authority (unless the route keeps it), `X-Forwarded-For` and
 //! `X-Forwarded-Proto` are set, and the `Idempotency-Key` is replaced by the
 //! derived key when configured.
+//!
+//! Each [`Upstream`] talks to one origin (scheme, host, port) over at most
+//! `max_connections` HTTP/1.1 keep-alive connections: a request takes a
+//! connection slot, reuses the most recently idle connection or dials a new
+//! one, and gives the slot back once the response body has been read to
+//! its end. Requests beyond the limit wait for a slot within their upstream
+//! timeout. A pooled connection the upstream closed while it sat idle is
+//! detected when the request could not be written: hyper hands the request
+//! back unsent, and it goes out on a fresh connection. A request that may
+//! have reached the upstream is never sent twice.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Request, Response};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::ServiceExt;
 
 use super::body::ResponseBody;
 use super::headers::strip_hop_by_hop;
@@ -25,9 +45,12 @@ use crate::idempotency::key::IDEMPOTENCY_KEY;
 /// Why a forward failed before a response head arrived.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    /// Connect failure, reset, or a malformed response.
+    /// No connection could be opened (refused, DNS, TLS handshake).
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The request failed on an open connection (reset, malformed response).
     #[error("upstream request failed: {0}")]
-    Failed(#[source] hyper_util::client::legacy::Error),
+    Failed(#[source] hyper::Error),
     /// The response body broke off.
     #[error("upstream response body failed: {0}")]
     Body(#[source] hyper::Error),
@@ -39,21 +62,50 @@ pub enum UpstreamError {
     Build(#[source] http::Error),
 }
 
-/// A route's pooled upstream client (HTTP/1.1 keep-alive, `http` or `https`).
+/// How long an unused keep-alive connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Connections per upstream unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// A pooled client for one upstream origin (HTTP/1.1 keep-alive, `http` or `https`).
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, ResponseBody>,
+    pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Upstream(..)")
+        write!(f, "Upstream({})", self.pool.origin)
     }
 }
 
+struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    /// `scheme://authority/`: what the connector dials.
+    origin: Uri,
+    /// The `Host` a request gets when it has none.
+    host: HeaderValue,
+    /// Connection slots: a request holds one from checkout until its
+    /// connection is idle again, so open connections never exceed the limit.
+    slots: Arc<Semaphore>,
+    /// Idle connections, most recently used last.
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+struct Idle {
+    sender: SendRequest<ResponseBody>,
+    since: Instant,
+}
+
 impl Upstream {
-    /// A client trusting the bundled roots plus `extra_ca`.
-    pub fn new(extra_ca: Option<&Path>) -> Result<Self, String> {
+    /// A client for `origin` (its scheme and authority; any path is ignored)
+    /// trusting the bundled roots plus `extra_ca`, with at most
+    /// `max_connections` connections open.
+    pub fn new(origin: &Uri, extra_ca: Option<&Path>, max_connections: usize) -> Result<Self, String> {
+        let (Some(scheme), Some(authority)) = (origin.scheme(), origin.authority()) else {
+            return Err(format!("{origin}: an upstream needs a scheme and a host"));
+        };
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -64,21 +116,178 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(connector);
-        Ok(Self { client })
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| format!("{origin}: {e}"))?;
+        let origin = origin_uri(scheme.clone(), authority.clone()).map_err(|e| format!("{origin}: {e}"))?;
+        let pool = Pool {
+            connector,
+            origin,
+            host,
+            slots: Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS))),
+            idle: Mutex::new(VecDeque::new()),
+        };
+        Ok(Self { pool: Arc::new(pool) })
     }
 
-    /// Sends a rewritten request and waits for the response head.
+    /// Sends a request to this upstream and waits for the response head.
+    /// The request's URI may be absolute (its path and query are sent) or
+    /// origin-form; a request without `Host` gets the upstream's authority.
     pub async fn send(
         &self,
-        request: Request<ResponseBody>,
+        mut request: Request<ResponseBody>,
         timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
-            Ok(result) => result.map_err(UpstreamError::Failed),
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        if request.uri().authority().is_some() {
+            let path = request.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+            *request.uri_mut() = Uri::from(path);
+        }
+        if !request.headers().contains_key(header::HOST) {
+            request.headers_mut().insert(header::HOST, self.pool.host.clone());
+        }
+        match tokio::time::timeout(timeout, self.pool.clone().send(request)).await {
+            Ok(result) => result,
             Err(_) => Err(UpstreamError::TimedOut(timeout)),
         }
     }
+}
+
+impl Pool {
+    async fn send(
+        self: Arc<Self>,
+        mut request: Request<ResponseBody>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let slot = self.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
+        loop {
+            let (mut sender, pooled) = match self.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let lease = Lease { pool: self, sender, slot };
+                    let (head, body) = response.into_parts();
+                    let body = if body.is_end_stream() {
+                        lease.release();
+                        UpstreamBody { inner: body, lease: None }
+                    } else {
+                        UpstreamBody { inner: body, lease: Some(lease) }
+                    };
+                    return Ok(Response::from_parts(head, body));
+                }
+                Err(mut error) => match error.take_message() {
+                    // The pooled connection was closed before the request
+                    // left: nothing reached the upstream, so try another.
+                    Some(unsent) if pooled => request = unsent,
+                    _ => return Err(UpstreamError::Failed(error.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently idle connection that is still open, dropping stale ones.
+    fn checkout(&self) -> Option<SendRequest<ResponseBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(entry) = idle.pop_back() {
+            if entry.sender.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
+                return Some(entry.sender);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<SendRequest<ResponseBody>, UpstreamError> {
+        let io = self.connector.clone().oneshot(self.origin.clone()).await.map_err(UpstreamError::Connect)?;
+        let (sender, connection) = http1::handshake(io).await.map_err(|e| UpstreamError::Connect(Box::new(e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn put(&self, sender: SendRequest<ResponseBody>) {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The oldest connections sit at the front; let the stale ones go.
+        while idle.front().is_some_and(|entry| entry.since.elapsed() >= IDLE_TIMEOUT) {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { sender, since: Instant::now() });
+    }
+}
+
+/// A connection busy with one response, and its slot.
+struct Lease {
+    pool: Arc<Pool>,
+    sender: SendRequest<ResponseBody>,
+    slot: OwnedSemaphorePermit,
+}
+
+impl Lease {
+    /// Returns the connection to the pool once its response has been read
+    /// to the end (at once when it already has; a connection that closes
+    /// instead is dropped), and only then frees the slot.
+    fn release(self) {
+        let Self { pool, mut sender, slot } = self;
+        if sender.is_ready() {
+            pool.put(sender);
+            drop(slot);
+            return;
+        }
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                pool.put(sender);
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// A response body from a pooled connection. Its connection goes back to
+/// the pool when the body has been read to the end or is dropped.
+pub struct UpstreamBody {
+    inner: Incoming,
+    lease: Option<Lease>,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody").field("pooled", &self.lease.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if (matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream())
+            && let Some(lease) = self.lease.take()
+        {
+            lease.release();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
+    }
+}
+
+fn origin_uri(scheme: Scheme, authority: Authority) -> Result<Uri, http::Error> {
+    Uri::builder().scheme(scheme).authority(authority).path_and_query("/").build()
 }
 
 /// Who sent a request, as the listener saw it.
@@ -107,7 +316,7 @@ pub fn rewrite(
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     if !route.keep_host {
-        // The client fills in Host from the URI's authority.
+        // The upstream client sets Host to its own authority.
         headers.remove(header::HOST);
     }
     let ip = client.addr.ip().to_string();

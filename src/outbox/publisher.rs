@@ -26,7 +26,7 @@ use super::claim::Claimed;
 use super::retry::{Class, classify_status, parse_retry_after};
 use crate::config::DestinationConfig;
 use crate::gateway::body::full;
-use crate::gateway::upstream::Upstream;
+use crate::gateway::upstream::{DEFAULT_MAX_CONNECTIONS, Upstream};
 use crate::idempotency::key::IDEMPOTENCY_KEY;
 
 /// Bytes of a failed response's body kept for `last_error`.
@@ -95,7 +95,7 @@ impl HttpPublisher {
                 let value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
                 headers.append(header, value);
             }
-            let client = Upstream::new(config.ca_file.as_deref()).map_err(invalid)?;
+            let client = Upstream::new(&uri, config.ca_file.as_deref(), DEFAULT_MAX_CONNECTIONS).map_err(invalid)?;
             destinations
                 .insert(name.clone(), HttpDestination { uri, method, headers, timeout: config.timeout.0, client });
         }
