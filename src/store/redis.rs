@@ -209,9 +209,11 @@ impl RedisStore {
                 Some(certificates) => redis::Client::build_with_tls(info, certificates).map_err(invalid)?,
                 None => redis::Client::open(info).map_err(invalid)?,
             };
+            // No response timeout in the client: every call is bounded once,
+            // in `bounded`, and a second timer per call only costs.
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
+                .set_response_timeout(None)
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
             Connection::Single(ConnectionManager::new_with_config(client, config).await.map_err(unavailable)?)
@@ -248,7 +250,13 @@ impl RedisStore {
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
-        format!("{}{{{}}}", self.prefix, key.to_hex())
+        let hex = key.to_hex();
+        let mut redis_key = String::with_capacity(self.prefix.len() + hex.len() + 2);
+        redis_key.push_str(&self.prefix);
+        redis_key.push('{');
+        redis_key.push_str(&hex);
+        redis_key.push('}');
+        redis_key
     }
 
     async fn run<T: FromRedisValue>(&self, invocation: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
