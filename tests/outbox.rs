@@ -176,6 +176,20 @@ async fn a_batch_completion_records_only_the_claims_it_still_holds() {
     assert!(claim::complete_batch(&fx.db, &fences).await.unwrap().is_empty());
 }
 
+/// The claim must walk the ready index in order even when the planner's
+/// statistics are stale (see `Database::connect_relay`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
+    let fx = Fixture::start().await;
+    let db = idemgate::outbox::Database::connect_relay(&fx.schema.url, 2, fx.schema.schema.clone()).unwrap();
+    let client = db.pool.get().await.unwrap();
+    let setting: String = client.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
+    assert_eq!(setting, "off");
+    let plain = fx.db.pool.get().await.unwrap();
+    let setting: String = plain.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
+    assert_eq!(setting, "on", "only the relay's sessions");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_whose_claims_keep_expiring_is_buried_once_its_attempts_are_used_up() {
     let fx = Fixture::start().await; // max_attempts = 3

@@ -169,7 +169,8 @@ async fn claim_latency(flags: &BTreeMap<String, String>) -> Result<String, Failu
     let mut subjects = Vec::new();
     for name in flag(flags, "schemas")?.split(',') {
         let schema = Schema::new(name)?;
-        let db = Database::connect(&url, 2, schema.clone())?;
+        // The relay's own kind of pool (session settings included).
+        let db = Database::connect_relay(&url, 2, schema.clone())?;
         let requeue = schema.sql(
             "UPDATE idemgate.outbox SET state = 'ready', lease_until = NULL, available_at = now()
               WHERE id = ANY($1::bigint[])",

@@ -459,7 +459,7 @@ pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Optio
         return Err("the relay needs at least one [destinations.<name>] in the config file".into());
     }
     let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    let db = Database::connect(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
+    let db = Database::connect_relay(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
     let client = db.pool.get().await.map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
     migrate::require_current(&client, &db.schema).await.map_err(|e| e.to_string())?;
     drop(client);
