@@ -29,7 +29,11 @@ pub struct RelayConfig {
     pub database_url: Option<ServiceUrl>,
     /// Pooled connections (claims, renewals, completions); LISTEN has its own.
     pub pool_size: usize,
-    /// Rows claimed (and published concurrently) per step, at most.
+    /// Rows claimed (and published concurrently) per step, at most. Each
+    /// step costs two statements (the claim and the completion) whatever
+    /// its size, so bigger steps cost the database less per row; the price
+    /// is up to this many concurrent requests (and connections) to a
+    /// destination.
     pub batch_size: u32,
     /// How long a claim holds a row without renewal. Renewed every third of it.
     pub lease: ConfigDuration,
@@ -51,7 +55,7 @@ impl Default for RelayConfig {
         Self {
             database_url: None,
             pool_size: 4,
-            batch_size: 32,
+            batch_size: 128,
             lease: secs(30),
             poll_interval: secs(1),
             reap_interval: secs(5),
