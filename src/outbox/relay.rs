@@ -13,6 +13,9 @@
 //! - every `reap_interval` it returns expired leases to the queue
 //!   ([`claim::reap_expired`]); at start and hourly it runs the history
 //!   retention job;
+//! - `workers` step loops run side by side (the others without the
+//!   housekeeping), each like a relay of its own, so one step publishes
+//!   while another waits on the database;
 //! - on shutdown it stops claiming, lets the running batch finish (each
 //!   publish is bounded by its destination's timeout) and returns.
 //!
@@ -67,6 +70,8 @@ pub struct Settings {
     pub lease: Duration,
     /// Rows per step.
     pub batch_size: u32,
+    /// Step loops running side by side in [`Relay::run`] (at least 1).
+    pub workers: u32,
     /// Wait between steps when idle and not notified.
     pub poll_interval: Duration,
     /// Wait between reaper runs.
@@ -80,6 +85,7 @@ impl From<&RelayConfig> for Settings {
         Self {
             lease: c.lease.0,
             batch_size: c.batch_size,
+            workers: c.workers,
             poll_interval: c.poll_interval.0,
             reap_interval: c.reap_interval.0,
             history_retention: c.history_retention.0,
@@ -403,6 +409,16 @@ impl<P: Publisher> Relay<P> {
                 stop.clone(),
             )))
         });
+        // The other step loops (`workers` - 1): while one step waits on the
+        // database, another publishes. Each is like one more relay: SKIP
+        // LOCKED gives them disjoint rows, and a claim takes a key's row only
+        // once no earlier row of that key is left, so per-key order holds.
+        let helpers: Vec<_> = (1..s.workers)
+            .map(|_| {
+                let steps = self.clone().steps(wake.clone(), stop.clone());
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(steps))
+            })
+            .collect();
         let mut next_reap = Instant::now();
         let mut next_maintenance = Instant::now();
         let mut next_gauges = Instant::now();
@@ -446,8 +462,35 @@ impl<P: Publisher> Relay<P> {
                 _ = stop.cancelled() => {}
             }
         }
+        for helper in helpers {
+            let _ = helper.await;
+        }
         if let Some(listener) = listener {
             let _ = listener.await;
+        }
+    }
+
+    /// A step loop without the housekeeping (reaper, retention, gauges)
+    /// that [`Self::run`]'s own loop does: steps until `stop`, idling
+    /// like it after a step that found nothing.
+    async fn steps(self, wake: Arc<Notify>, stop: CancellationToken) {
+        let poll = self.inner.settings.poll_interval;
+        while !stop.is_cancelled() {
+            let worked = match self.try_execute_batch().await {
+                Ok(outcome) => outcome.claimed > 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox claim failed");
+                    false
+                }
+            };
+            if worked {
+                continue;
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = stop.cancelled() => {}
+            }
         }
     }
 }
