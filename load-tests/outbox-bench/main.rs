@@ -1,7 +1,7 @@
 //! `outbox-bench`: the Postgres side of the outbox scenarios (P8, P9) of
 //! `load-tests/run`, built as an example of the idemgate crate so it calls
-//! the library's own code: `enqueue_in` (P8) and the relay's claim,
-//! `claim::claim_batch` (P9), not copies of their SQL.
+//! the library's own code: the relay's claim,
+//! `claim::claim_batch` (P9), not a copy of its SQL.
 //!
 //! ```text
 //! outbox-bench enqueue-rate  --database-url URL --schema S --rate 1000 --duration-ms 10000 --out FILE
@@ -10,10 +10,11 @@
 //!
 //! - `enqueue-rate` (P8): an open-loop enqueuer. Message *i* is due at
 //!   `start + i / rate`; `--connections` workers take the next due one and
-//!   enqueue it in a transaction of its own. Right after `COMMIT` returns,
-//!   the worker notes the wall-clock time (µs since the Unix epoch), and
-//!   writes `DERIVED_KEY COMMIT_US` lines to `--out`. The harness joins
-//!   them with the sink's arrival times.
+//!   enqueue it by `SELECT idemgate.enqueue(...)` in autocommit, a
+//!   transaction of its own. Right after it returns (committed), the worker
+//!   notes the wall-clock time (µs since the Unix epoch), checks the key
+//!   against the library's `derived_key`, and writes `DERIVED_KEY COMMIT_US`
+//!   lines to `--out`. The harness joins them with the sink's arrival times.
 //! - `claim-latency` (P9): times `claim::claim_batch` on each schema in
 //!   turn (interleaved, same settings). After each timed claim, an untimed
 //!   statement puts the claimed rows back (`ready`, due now, like the
@@ -27,7 +28,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idemgate::outbox::enqueue::{Message, enqueue_in};
+use idemgate::outbox::enqueue::derived_key;
 use idemgate::outbox::{Database, Schema, claim};
 use tokio::sync::{Mutex, mpsc};
 use tokio_postgres::NoTls;
@@ -115,20 +116,28 @@ async fn enqueue_rate(flags: &BTreeMap<String, String>) -> Result<String, Failur
     let rx = Arc::new(Mutex::new(rx));
     let mut workers = Vec::new();
     for _ in 0..connections {
-        let mut client = connect(&url).await?;
-        let (rx, schema, destination, prefix) = (rx.clone(), schema.clone(), destination.clone(), prefix.clone());
+        let client = connect(&url).await?;
+        // One autocommit statement per row, prepared once: the transaction
+        // is the statement, so its return is the commit's. (A service's own
+        // transaction would add its BEGIN and COMMIT round trips.)
+        let enqueue = client
+            .prepare(&schema.sql(
+                "SELECT idemgate.enqueue(destination => $1, operation => 'bench', business_key => $2, \
+                 payload => '{\"amount\":500}'::jsonb)",
+            ))
+            .await?;
+        let (rx, destination, prefix) = (rx.clone(), destination.clone(), prefix.clone());
         workers.push(tokio::spawn(async move {
-            let payload = serde_json::json!({ "amount": 500 });
             let mut done = Vec::new();
             let mut late_us = 0u64;
             loop {
                 let Some((i, due)) = rx.lock().await.recv().await else { break };
                 late_us = late_us.max(due.elapsed().as_micros() as u64);
                 let business_key = format!("{prefix}:{i}");
-                let message = Message::new(&destination, "bench", &business_key, &payload);
-                let transaction = client.transaction().await?;
-                let key = enqueue_in(&schema, &transaction, &message).await?;
-                transaction.commit().await?;
+                let key: String = client.query_one(&enqueue, &[&destination, &business_key]).await?.try_get(0)?;
+                if key != derived_key(&destination, "bench", &business_key) {
+                    return Err("the database derived another key than the library".into());
+                }
                 done.push((key, unix_us()));
             }
             Ok::<_, Failure>((done, late_us))
