@@ -54,8 +54,8 @@ use crate::metrics::Metrics;
 
 /// How often the history retention job runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
-/// How long finished publishes wait for more to finish before their
-/// deliveries are recorded (see [`Relay::try_execute_batch`]).
+/// The longest a delivered row waits for others of its batch before the
+/// deliveries are recorded together (see [`Relay::try_execute_batch`]).
 pub const COMPLETE_LINGER: Duration = Duration::from_millis(5);
 /// Pauses before the further tries of a settlement that failed.
 const SETTLE_RETRIES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
@@ -216,8 +216,8 @@ impl<P: Publisher> Relay<P> {
     /// Deliveries are recorded together: as publishes finish, their rows
     /// wait (still leased) for the others, and one statement completes them
     /// all ([`claim::complete_batch`], one commit instead of one per row).
-    /// A straggler does not hold the rest: once no publish has finished for
-    /// [`COMPLETE_LINGER`], what has finished is recorded. Failures are
+    /// A straggler does not hold the rest: [`COMPLETE_LINGER`] after the
+    /// first of them finished, what has finished is recorded. Failures are
     /// settled one by one as they happen; they are the rare path.
     pub async fn try_execute_batch(&self) -> Result<Outcome, OutboxError> {
         let s = &self.inner.settings;
@@ -229,11 +229,15 @@ impl<P: Publisher> Relay<P> {
             tasks.spawn(async move { relay.attempt(row).await });
         }
         let mut published = Vec::new();
+        // When the first row now waiting for its completion was published:
+        // no row waits longer than COMPLETE_LINGER (its lease is no longer
+        // renewed once its publish is over).
+        let mut waiting_since = Instant::now();
         loop {
             let joined = if published.is_empty() {
                 tasks.join_next().await
             } else {
-                match tokio::time::timeout(COMPLETE_LINGER, tasks.join_next()).await {
+                match tokio::time::timeout_at(waiting_since + COMPLETE_LINGER, tasks.join_next()).await {
                     Ok(joined) => joined,
                     Err(_) => {
                         outcome.add_all(self.complete(std::mem::take(&mut published)).await);
@@ -242,7 +246,12 @@ impl<P: Publisher> Relay<P> {
                 }
             };
             match joined {
-                Some(Ok(Step::Published(row))) => published.push(row),
+                Some(Ok(Step::Published(row))) => {
+                    if published.is_empty() {
+                        waiting_since = Instant::now();
+                    }
+                    published.push(row);
+                }
                 Some(Ok(Step::Settled(settled))) => outcome.add(settled),
                 Some(Err(_)) => outcome.errors += 1,
                 None => break,
