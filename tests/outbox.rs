@@ -147,6 +147,49 @@ async fn a_stale_claim_after_its_lease_expired_changes_nothing() {
     assert_eq!(fx.delivered().await, 1);
 }
 
+/// One statement records a whole batch's deliveries, yet each row is still
+/// fenced on its own claim: a stale fence in the batch changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_completion_records_only_the_claims_it_still_holds() {
+    let fx = Fixture::start().await;
+    fx.enqueue("order:5", json!({}), None).await;
+    let stale = fx.claim(SHORT_LEASE).await.remove(0);
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(claim::reap_expired(&fx.db).await.unwrap(), 1);
+    fx.enqueue("order:6", json!({}), None).await;
+    fx.enqueue("order:7", json!({}), None).await;
+    let current = fx.claim(LEASE).await;
+    assert_eq!(current.len(), 3, "the reaped row and the two new ones");
+    assert!(claim::complete_batch(&fx.db, &[stale.fence]).await.unwrap().is_empty(), "a stale fence alone");
+    assert_eq!(fx.count("state = 'leased'").await, 3, "the stale fence changed nothing");
+    let mut fences: Vec<_> = current.iter().map(|c| c.fence).collect();
+    fences.push(stale.fence);
+    let done = claim::complete_batch(&fx.db, &fences).await.unwrap();
+    let mut ids: Vec<i64> = done.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    let mut expected: Vec<i64> = current.iter().map(|c| c.fence.id).collect();
+    expected.sort_unstable();
+    assert_eq!(ids, expected, "every current claim, and the stale one only once, under its current fence");
+    assert_eq!(fx.count("true").await, 0);
+    assert_eq!(fx.delivered().await, 3);
+    // Completing again (a retried statement whose first try committed) finds nothing.
+    assert!(claim::complete_batch(&fx.db, &fences).await.unwrap().is_empty());
+}
+
+/// The claim must walk the ready index in order even when the planner's
+/// statistics are stale (see `Database::connect_relay`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
+    let fx = Fixture::start().await;
+    let db = idemgate::outbox::Database::connect_relay(&fx.schema.url, 2, fx.schema.schema.clone()).unwrap();
+    let client = db.pool.get().await.unwrap();
+    let setting: String = client.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
+    assert_eq!(setting, "off");
+    let plain = fx.db.pool.get().await.unwrap();
+    let setting: String = plain.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
+    assert_eq!(setting, "on", "only the relay's sessions");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_whose_claims_keep_expiring_is_buried_once_its_attempts_are_used_up() {
     let fx = Fixture::start().await; // max_attempts = 3

@@ -29,8 +29,16 @@ pub struct RelayConfig {
     pub database_url: Option<ServiceUrl>,
     /// Pooled connections (claims, renewals, completions); LISTEN has its own.
     pub pool_size: usize,
-    /// Rows claimed (and published concurrently) per step, at most.
+    /// Rows claimed (and published concurrently) per step, at most. Each
+    /// step costs two statements (the claim and the completion) whatever
+    /// its size, so bigger steps cost the database less per row; the price
+    /// is up to this many concurrent requests (and connections) to a
+    /// destination.
     pub batch_size: u32,
+    /// Steps (claim, publish, complete) in flight at once, each like a
+    /// relay of its own: while one waits on the database, another
+    /// publishes. At most `pool_size`.
+    pub workers: u32,
     /// How long a claim holds a row without renewal. Renewed every third of it.
     pub lease: ConfigDuration,
     /// How often the relay looks for work without a notification.
@@ -51,7 +59,8 @@ impl Default for RelayConfig {
         Self {
             database_url: None,
             pool_size: 4,
-            batch_size: 32,
+            batch_size: 128,
+            workers: 2,
             lease: secs(30),
             poll_interval: secs(1),
             reap_interval: secs(5),
@@ -158,6 +167,9 @@ pub(super) fn validate(
     if relay.pool_size < 2 {
         return invalid("relay.pool_size must be at least 2 (claims and lease renewals run side by side)".into());
     }
+    if relay.workers == 0 || relay.workers as usize > relay.pool_size {
+        return invalid(format!("relay.workers = {}: must be between 1 and pool_size", relay.workers));
+    }
     if !(1..=1000).contains(&relay.batch_size) {
         return invalid(format!("relay.batch_size = {}: must be between 1 and 1000", relay.batch_size));
     }
@@ -250,6 +262,14 @@ mod tests {
         let warnings = config.validate().unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(config.destinations["email"].retry_policy().max, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn workers_are_at_least_one_and_at_most_the_pool() {
+        for (workers, ok) in [(0, false), (1, true), (4, true), (5, false)] {
+            let relay = RelayConfig { workers, pool_size: 4, ..Default::default() };
+            assert_eq!(validate(&relay, &BTreeMap::new(), &mut Vec::new()).is_ok(), ok, "workers = {workers}");
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The relay: claim due rows, publish them, record what happened.
 //!
 //! [`Relay::try_execute_batch`] is one step — claim up to `batch_size`
-//! rows, publish them concurrently, and settle each by one fenced
-//! statement — so tests drive the relay without sleeping. [`Relay::run`]
+//! rows, publish them concurrently, record the deliveries together in one
+//! statement (still fenced row by row) and settle each failure by a fenced
+//! statement of its own — so tests drive the relay without sleeping. [`Relay::run`]
 //! is the loop around it:
 //!
 //! - after a step that claimed anything it goes again at once (more may be
@@ -12,6 +13,9 @@
 //! - every `reap_interval` it returns expired leases to the queue
 //!   ([`claim::reap_expired`]); at start and hourly it runs the history
 //!   retention job;
+//! - `workers` step loops run side by side (the others without the
+//!   housekeeping), each like a relay of its own, so one step publishes
+//!   while another waits on the database;
 //! - on shutdown it stops claiming, lets the running batch finish (each
 //!   publish is bounded by its destination's timeout; the whole step by one
 //!   `lease`, as a database that stops answering bounds nothing) and returns.
@@ -44,13 +48,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::claim::{self, Claimed};
 use super::publisher::{Attempt, HttpPublisher, Publisher};
-use super::retry::{Next, RetryPolicy};
+use super::retry::{Class, Next, RetryPolicy};
 use super::{Database, OutboxError, Schema, migrate};
 use crate::config::{Config, RelayConfig};
 use crate::metrics::Metrics;
 
 /// How often the history retention job runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
+/// The longest a delivered row waits for others of its batch before the
+/// deliveries are recorded together (see [`Relay::try_execute_batch`]).
+pub const COMPLETE_LINGER: Duration = Duration::from_millis(5);
 /// Pauses before the further tries of a settlement that failed.
 const SETTLE_RETRIES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 /// How often the backlog gauges are refreshed: the query counts the whole
@@ -64,6 +71,8 @@ pub struct Settings {
     pub lease: Duration,
     /// Rows per step.
     pub batch_size: u32,
+    /// Step loops running side by side in [`Relay::run`] (at least 1).
+    pub workers: u32,
     /// Wait between steps when idle and not notified.
     pub poll_interval: Duration,
     /// Wait between reaper runs.
@@ -77,6 +86,7 @@ impl From<&RelayConfig> for Settings {
         Self {
             lease: c.lease.0,
             batch_size: c.batch_size,
+            workers: c.workers,
             poll_interval: c.poll_interval.0,
             reap_interval: c.reap_interval.0,
             history_retention: c.history_retention.0,
@@ -107,6 +117,32 @@ enum Settled {
     Dead,
     Lost,
     Error,
+}
+
+/// Where one row's publish left it.
+enum Step {
+    /// Delivered, waiting to be recorded with the rest of its batch.
+    Published(Claimed),
+    /// Settled on its own (retried, dead, lost, or an error).
+    Settled(Settled),
+}
+
+impl Outcome {
+    fn add(&mut self, settled: Settled) {
+        match settled {
+            Settled::Delivered => self.delivered += 1,
+            Settled::Retried => self.retried += 1,
+            Settled::Dead => self.dead += 1,
+            Settled::Lost => self.lost += 1,
+            Settled::Error => self.errors += 1,
+        }
+    }
+
+    fn add_all(&mut self, settled: Vec<Settled>) {
+        for s in settled {
+            self.add(s);
+        }
+    }
 }
 
 struct Inner<P> {
@@ -177,6 +213,13 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// One step: claim, publish concurrently, settle. Fails only if the claim does.
+    ///
+    /// Deliveries are recorded together: as publishes finish, their rows
+    /// wait (still leased) for the others, and one statement completes them
+    /// all ([`claim::complete_batch`], one commit instead of one per row).
+    /// A straggler does not hold the rest: [`COMPLETE_LINGER`] after the
+    /// first of them finished, what has finished is recorded. Failures are
+    /// settled one by one as they happen; they are the rare path.
     pub async fn try_execute_batch(&self) -> Result<Outcome, OutboxError> {
         let s = &self.inner.settings;
         let rows = claim::claim_batch(&self.inner.db, &self.inner.destinations, s.batch_size, s.lease).await?;
@@ -184,17 +227,38 @@ impl<P: Publisher> Relay<P> {
         let mut tasks = tokio::task::JoinSet::new();
         for row in rows {
             let relay = self.clone();
-            tasks.spawn(async move { relay.deliver(row).await });
+            tasks.spawn(async move { relay.attempt(row).await });
         }
-        while let Some(joined) = tasks.join_next().await {
+        let mut published = Vec::new();
+        // When the first row now waiting for its completion was published:
+        // no row waits longer than COMPLETE_LINGER (its lease is no longer
+        // renewed once its publish is over).
+        let mut waiting_since = Instant::now();
+        loop {
+            let joined = if published.is_empty() {
+                tasks.join_next().await
+            } else {
+                match tokio::time::timeout_at(waiting_since + COMPLETE_LINGER, tasks.join_next()).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        outcome.add_all(self.complete(std::mem::take(&mut published)).await);
+                        continue;
+                    }
+                }
+            };
             match joined {
-                Ok(Settled::Delivered) => outcome.delivered += 1,
-                Ok(Settled::Retried) => outcome.retried += 1,
-                Ok(Settled::Dead) => outcome.dead += 1,
-                Ok(Settled::Lost) => outcome.lost += 1,
-                Ok(Settled::Error) | Err(_) => outcome.errors += 1,
+                Some(Ok(Step::Published(row))) => {
+                    if published.is_empty() {
+                        waiting_since = Instant::now();
+                    }
+                    published.push(row);
+                }
+                Some(Ok(Step::Settled(settled))) => outcome.add(settled),
+                Some(Err(_)) => outcome.errors += 1,
+                None => break,
             }
         }
+        outcome.add_all(self.complete(published).await);
         Ok(outcome)
     }
 
@@ -203,10 +267,11 @@ impl<P: Publisher> Relay<P> {
         claim::reap_expired(&self.inner.db).await
     }
 
-    async fn deliver(&self, row: Claimed) -> Settled {
+    /// Publishes one row; settles it unless it was delivered (that waits for [`Self::complete`]).
+    async fn attempt(&self, row: Claimed) -> Step {
         let pool = &self.inner.db;
         let Some(policy) = self.inner.policies.get(&row.destination).copied() else {
-            return Settled::Error; // unreachable: the claim filters by destination
+            return Step::Settled(Settled::Error); // unreachable: the claim filters by destination
         };
         let started = Instant::now();
         let settled = if row.attempt > policy.max_attempts {
@@ -219,19 +284,61 @@ impl<P: Publisher> Relay<P> {
             m.outbox_publish_latency
                 .with_label_values(&[row.destination.as_str()])
                 .observe(started.elapsed().as_secs_f64());
+            let Attempt::Failed { class, retry_after, reason } = attempt else {
+                return Step::Published(row);
+            };
             // A settlement that fails on a database hiccup is tried again a
-            // few times (the lease still holds): giving up means the row
-            // waits out its lease and, if it was delivered, goes out twice.
-            let mut settled = self.settle(&row, policy, attempt.clone()).await;
+            // few times (the lease still holds).
+            let mut settled = self.settle_failure(&row, policy, class, retry_after, &reason).await;
             for pause in SETTLE_RETRIES {
                 if settled.is_ok() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
-                settled = self.settle(&row, policy, attempt.clone()).await;
+                settled = self.settle_failure(&row, policy, class, retry_after, &reason).await;
             }
             settled
         };
+        Step::Settled(self.record(&row, settled))
+    }
+
+    /// Records the deliveries of published rows in one statement. A
+    /// failure is tried again a few times (the leases still hold): giving
+    /// up means the rows wait out their leases and go out twice.
+    async fn complete(&self, rows: Vec<Claimed>) -> Vec<Settled> {
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let fences: Vec<_> = rows.iter().map(|r| r.fence).collect();
+        let mut done = claim::complete_batch(&self.inner.db, &fences).await;
+        for pause in SETTLE_RETRIES {
+            if done.is_ok() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            done = claim::complete_batch(&self.inner.db, &fences).await;
+        }
+        let done: BTreeMap<i64, Duration> = match done {
+            Ok(done) => done.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(rows = rows.len(), error = %e, "cannot record outbox deliveries; their leases will expire");
+                return rows.iter().map(|row| self.record(row, Ok(Settled::Error))).collect();
+            }
+        };
+        rows.iter()
+            .map(|row| match done.get(&row.fence.id) {
+                Some(waited) => {
+                    let histogram = &self.inner.metrics.outbox_commit_to_delivery;
+                    histogram.with_label_values(&[row.destination.as_str()]).observe(waited.as_secs_f64());
+                    self.record(row, Ok(Settled::Delivered))
+                }
+                None => self.record(row, Ok(Settled::Lost)),
+            })
+            .collect()
+    }
+
+    /// Counts a settled attempt in the metrics (and logs a failed settlement).
+    fn record(&self, row: &Claimed, settled: Result<Settled, OutboxError>) -> Settled {
         let outcome = match &settled {
             Ok(Settled::Delivered) => "delivered",
             Ok(Settled::Retried) => "retried",
@@ -252,30 +359,25 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    async fn settle(&self, row: &Claimed, policy: RetryPolicy, attempt: Attempt) -> Result<Settled, OutboxError> {
+    async fn settle_failure(
+        &self,
+        row: &Claimed,
+        policy: RetryPolicy,
+        class: Class,
+        retry_after: Option<Duration>,
+        reason: &str,
+    ) -> Result<Settled, OutboxError> {
         let pool = &self.inner.db;
         let lost_unless = |ok: bool, settled: Settled| if ok { settled } else { Settled::Lost };
-        match attempt {
-            Attempt::Delivered => match claim::complete_measured(pool, row.fence).await? {
-                Some(waited) => {
-                    let histogram = &self.inner.metrics.outbox_commit_to_delivery;
-                    histogram.with_label_values(&[row.destination.as_str()]).observe(waited.as_secs_f64());
-                    Ok(Settled::Delivered)
-                }
-                None => Ok(Settled::Lost),
-            },
-            Attempt::Failed { class, retry_after, reason } => {
-                let unit: f64 = rand::random();
-                match policy.after_failure(class, row.attempt, retry_after, unit) {
-                    Next::RetryIn(delay) => {
-                        tracing::debug!(id = row.fence.id, ?delay, %reason, "outbox attempt failed; retrying");
-                        Ok(lost_unless(claim::retry(pool, row.fence, delay, &reason).await?, Settled::Retried))
-                    }
-                    Next::Dead => {
-                        tracing::warn!(id = row.fence.id, destination = %row.destination, %reason, "outbox row is dead");
-                        Ok(lost_unless(claim::bury(pool, row.fence, &reason).await?, Settled::Dead))
-                    }
-                }
+        let unit: f64 = rand::random();
+        match policy.after_failure(class, row.attempt, retry_after, unit) {
+            Next::RetryIn(delay) => {
+                tracing::debug!(id = row.fence.id, ?delay, %reason, "outbox attempt failed; retrying");
+                Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Settled::Retried))
+            }
+            Next::Dead => {
+                tracing::warn!(id = row.fence.id, destination = %row.destination, %reason, "outbox row is dead");
+                Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Settled::Dead))
             }
         }
     }
@@ -337,9 +439,20 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// The loop of [`Self::run`]: steps, reaps, retention and gauges until `stop`.
-    async fn work(&self, wake: &Notify, stop: &CancellationToken) {
+    /// The loop of [`Self::run`]: steps, reaps, retention and gauges until
+    /// `stop`, beside `workers - 1` plain step loops (dropped with it).
+    async fn work(&self, wake: &Arc<Notify>, stop: &CancellationToken) {
         let s = self.inner.settings;
+        // The other step loops (`workers` - 1): while one step waits on the
+        // database, another publishes. Each is like one more relay: SKIP
+        // LOCKED gives them disjoint rows, and a claim takes a key's row only
+        // once no earlier row of that key is left, so per-key order holds.
+        let helpers: Vec<_> = (1..s.workers)
+            .map(|_| {
+                let steps = self.clone().steps(wake.clone(), stop.clone());
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(steps))
+            })
+            .collect();
         let mut next_reap = Instant::now();
         let mut next_maintenance = Instant::now();
         let mut next_gauges = Instant::now();
@@ -383,6 +496,33 @@ impl<P: Publisher> Relay<P> {
                 _ = stop.cancelled() => {}
             }
         }
+        for helper in helpers {
+            let _ = helper.await;
+        }
+    }
+
+    /// A step loop without the housekeeping (reaper, retention, gauges)
+    /// that [`Self::run`]'s own loop does: steps until `stop`, idling
+    /// like it after a step that found nothing.
+    async fn steps(self, wake: Arc<Notify>, stop: CancellationToken) {
+        let poll = self.inner.settings.poll_interval;
+        while !stop.is_cancelled() {
+            let worked = match self.try_execute_batch().await {
+                Ok(outcome) => outcome.claimed > 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox claim failed");
+                    false
+                }
+            };
+            if worked {
+                continue;
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
     }
 }
 
@@ -393,7 +533,7 @@ pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Optio
         return Err("the relay needs at least one [destinations.<name>] in the config file".into());
     }
     let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    let db = Database::connect(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
+    let db = Database::connect_relay(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
     let client = db.pool.get().await.map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
     migrate::require_current(&client, &db.schema).await.map_err(|e| e.to_string())?;
     drop(client);

@@ -29,6 +29,7 @@ pub fn settings(lease: Duration) -> Settings {
     Settings {
         lease,
         batch_size: 32,
+        workers: 1,
         poll_interval: Duration::from_millis(50),
         reap_interval: Duration::from_millis(50),
         history_retention: Duration::from_secs(7 * 86_400),

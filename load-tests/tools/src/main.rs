@@ -12,6 +12,8 @@
 //!   hidden (no coordinated omission).
 //! - `hold`: opens many keep-alive connections, sends one request on each,
 //!   and holds them idle (P10).
+//! - `sink`: the outbox relay's destination (P7, P8): answers at once and
+//!   records each delivery's key and arrival time.
 //!
 //! Every tool prints one JSON object on stdout for `load-tests/run` to read.
 //! Targets are loopback addresses only; anything else is refused.
@@ -20,6 +22,7 @@ mod burst;
 mod client;
 mod hold;
 mod rate;
+mod sink;
 mod upstream;
 
 use std::collections::HashMap;
@@ -29,7 +32,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1);
     let Some(command) = argv.next() else {
-        eprintln!("usage: lt upstream|burst|rate|hold --flag value ...");
+        eprintln!("usage: lt upstream|burst|rate|hold|sink --flag value ...");
         return ExitCode::from(2);
     };
     let result = Args::parse(argv).and_then(|args| match command.as_str() {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         "burst" => burst::main(&args),
         "rate" => rate::main(&args),
         "hold" => hold::main(&args),
+        "sink" => sink::main(&args),
         other => Err(format!("unknown command {other:?}")),
     });
     match result {
