@@ -310,6 +310,7 @@ async fn the_upstream_receives_the_derived_key_and_clean_headers() {
         .key("client-key")
         .header("connection", "x-hop")
         .header("x-hop", "secret")
+        .header("x-forwarded-host", "spoofed.example")
         .json(CHARGE)
         .send()
         .await;
@@ -322,6 +323,8 @@ async fn the_upstream_receives_the_derived_key_and_clean_headers() {
     assert!(seen.get("x-hop").is_none(), "headers named by Connection are hop-by-hop");
     assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen["host"], upstream.addr.to_string());
+    assert_eq!(seen["x-forwarded-host"], gateway.addr.to_string(), "the Host the gateway saw, not the client's claim");
+    assert_eq!(seen["x-forwarded-proto"], "http");
 }
 
 #[tokio::test]

@@ -2,9 +2,9 @@
 //!
 //! The request is rewritten here and only here: the URI points at the
 //! route's upstream, hop-by-hop headers are dropped, `Host` becomes the
-//! upstream's authority (unless the route keeps it), `X-Forwarded-For` and
-//! `X-Forwarded-Proto` are set, and the `Idempotency-Key` is replaced by the
-//! derived key when configured.
+//! upstream's authority (unless the route keeps it), `X-Forwarded-For`,
+//! `X-Forwarded-Proto` and `X-Forwarded-Host` are set, and the
+//! `Idempotency-Key` is replaced by the derived key when configured.
 //!
 //! Each [`Upstream`] talks to one origin (scheme, host, port) over at most
 //! `max_connections` HTTP/1.1 keep-alive connections: a request takes a
@@ -302,6 +302,7 @@ pub struct ClientInfo {
 // Parsed once: a `&str` header name is parsed and hashed again on every use.
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Turns a client request into the upstream request.
 pub fn rewrite(
@@ -315,6 +316,13 @@ pub fn rewrite(
     parts.version = http::Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
+    // The Host the client asked for travels as X-Forwarded-Host, like the
+    // scheme in X-Forwarded-Proto: set from what this gateway saw, never
+    // taken from the client's own X-Forwarded-Host.
+    match headers.get(header::HOST).cloned() {
+        Some(host) => headers.insert(&X_FORWARDED_HOST, host),
+        None => headers.remove(&X_FORWARDED_HOST),
+    };
     if !route.keep_host {
         // The upstream client sets Host to its own authority.
         headers.remove(header::HOST);
