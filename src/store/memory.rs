@@ -17,6 +17,10 @@
 //! - **bytes**: a completed response that would exceed the byte budget is
 //!   recorded as completed *without* its body: retries get
 //!   `response-not-replayable` rather than a second execution.
+//!
+//! Expired records are also reclaimed without waiting for a shard to fill:
+//! the first new key a shard sees after [`SWEEP_EVERY`] sweeps it (about
+//! 1,600 entries per shard at the default limit, well under a millisecond).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -32,18 +36,21 @@ const SHARDS: usize = 64;
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// Default limit on bytes of stored responses.
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+/// How often a shard that receives new keys drops its expired records.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// See the module docs.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     entries_per_shard: usize,
     bytes_per_shard: usize,
+    sweep_every: Duration,
 }
 
-#[derive(Default)]
 struct Shard {
     map: HashMap<ScopedKey, Entry>,
     bytes: usize,
+    next_sweep: Instant,
 }
 
 struct Entry {
@@ -92,11 +99,16 @@ impl Shard {
         Some(entry)
     }
 
-    fn sweep(&mut self, now: Instant) {
+    /// Drops expired records. A routine sweep keeps an in-flight record
+    /// that lapsed less than `every` ago, so that its request's retry is
+    /// still recognised as a takeover; a sweep for room (`every` zero)
+    /// drops everything expired.
+    fn sweep(&mut self, now: Instant, every: Duration) {
         let before = self.map.len();
         let mut freed = 0;
         self.map.retain(|_, e| {
-            let keep = e.expires_at > now;
+            let lapsed_recently = matches!(e.state, State::InFlight { .. }) && e.expires_at + every > now;
+            let keep = e.expires_at > now || lapsed_recently;
             if !keep {
                 freed += e.size();
             }
@@ -115,10 +127,17 @@ impl Shard {
 impl MemoryStore {
     /// A store holding at most `max_entries` records and `max_bytes` of responses.
     pub fn new(max_entries: usize, max_bytes: usize) -> Self {
+        Self::with_sweep_interval(max_entries, max_bytes, SWEEP_EVERY)
+    }
+
+    fn with_sweep_interval(max_entries: usize, max_bytes: usize, sweep_every: Duration) -> Self {
+        let now = Instant::now();
+        let shard = || Mutex::new(Shard { map: HashMap::new(), bytes: 0, next_sweep: now + sweep_every });
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| shard()).collect(),
             entries_per_shard: max_entries.div_ceil(SHARDS).max(1),
             bytes_per_shard: max_bytes.div_ceil(SHARDS),
+            sweep_every,
         }
     }
 
@@ -192,10 +211,14 @@ impl Store for MemoryStore {
             _ => return Ok(Begin::Existing(record.ok_or(StoreError::Corrupt("decision without record".into()))?)),
         };
         if record.is_none() && shard.map.len() >= self.entries_per_shard {
-            shard.sweep(now);
+            shard.sweep(now, Duration::ZERO);
             if shard.map.len() >= self.entries_per_shard {
                 return Err(StoreError::Full("the embedded store holds max_entries live records"));
             }
+        }
+        if now >= shard.next_sweep {
+            shard.sweep(now, self.sweep_every);
+            shard.next_sweep = now + self.sweep_every;
         }
         shard.remove(key);
         shard.map.insert(
@@ -225,7 +248,7 @@ impl Store for MemoryStore {
         }
         let size = response.map_or(0, StoredResponse::size);
         if shard.bytes + size > self.bytes_per_shard {
-            shard.sweep(now);
+            shard.sweep(now, Duration::ZERO);
         }
         // Over budget even after the sweep: keep the fact, drop the body.
         let response = response.filter(|_| shard.bytes + size <= self.bytes_per_shard).cloned();
@@ -310,6 +333,35 @@ mod tests {
         let big = StoredResponse { status: 200, headers: vec![], body: vec![b'x'; 2000].into() };
         assert!(store.complete(&key(0), Fence(1), Some(&big), TTL).await.unwrap());
         assert_eq!(store.get(&key(0)).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
+    }
+
+    #[tokio::test]
+    async fn expired_records_are_reclaimed_before_the_shard_fills() {
+        let store = MemoryStore::with_sweep_interval(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES, Duration::ZERO);
+        let fp = Fingerprint([1; 32]);
+        // Keys 0, 64, 128, 192 share a shard; three of them expire at once.
+        for (n, fence) in [(0, 1), (64, 2), (128, 3)] {
+            store.try_begin(&key(n), &fp, Fence(fence), Duration::ZERO).await.unwrap();
+        }
+        store.try_begin(&key(192), &fp, Fence(4), LEASE).await.unwrap();
+        let held = store.shard(&key(0)).map.len();
+        assert_eq!(held, 1, "the expired records were dropped, the live one kept");
+        assert_eq!(store.len(), 1);
+        // With the default interval nothing is swept early.
+        let lazy = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
+        for (n, fence) in [(0, 1), (64, 2)] {
+            lazy.try_begin(&key(n), &fp, Fence(fence), Duration::ZERO).await.unwrap();
+        }
+        assert_eq!(lazy.shard(&key(0)).map.len(), 2);
+        // A routine sweep keeps an attempt that lapsed within its interval
+        // (its retry is a takeover) but drops an expired completed record.
+        let done = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
+        done.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
+        assert!(done.complete(&key(0), Fence(1), None, Duration::ZERO).await.unwrap());
+        done.try_begin(&key(64), &fp, Fence(2), Duration::ZERO).await.unwrap();
+        let mut shard = done.shard(&key(0));
+        shard.sweep(Instant::now(), Duration::from_secs(60));
+        assert!(shard.map.contains_key(&key(64)) && !shard.map.contains_key(&key(0)));
     }
 
     #[test]
