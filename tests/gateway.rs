@@ -311,6 +311,7 @@ async fn the_upstream_receives_the_derived_key_and_clean_headers() {
         .header("connection", "x-hop")
         .header("x-hop", "secret")
         .header("x-forwarded-host", "spoofed.example")
+        .header("x-forwarded-for", "192.0.2.7")
         .json(CHARGE)
         .send()
         .await;
@@ -321,7 +322,7 @@ async fn the_upstream_receives_the_derived_key_and_clean_headers() {
     assert!(keys[0].bytes().all(|b| b.is_ascii_hexdigit()));
     let seen = upstream.last_headers();
     assert!(seen.get("x-hop").is_none(), "headers named by Connection are hop-by-hop");
-    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-for"], "192.0.2.7, 127.0.0.1", "the client's address is appended to the chain");
     assert_eq!(seen["host"], upstream.addr.to_string());
     assert_eq!(seen["x-forwarded-host"], gateway.addr.to_string(), "the Host the gateway saw, not the client's claim");
     assert_eq!(seen["x-forwarded-proto"], "http");

@@ -60,10 +60,11 @@ pub async fn serve<S: Store>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let client = ClientInfo { addr, tls: tls.is_some() };
+        let client = ClientInfo::new(addr, tls.is_some());
         let gateway = gateway.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let gateway = gateway.clone();
+            let client = client.clone();
             async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, client).await) }
         });
         let builder = builder.clone();

@@ -291,12 +291,22 @@ fn origin_uri(scheme: Scheme, authority: Authority) -> Result<Uri, http::Error> 
 }
 
 /// Who sent a request, as the listener saw it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClientInfo {
     /// The peer address.
     pub addr: SocketAddr,
     /// `true` when the client connected over TLS.
     pub tls: bool,
+    /// The peer's IP as a header value, rendered once per connection.
+    ip: HeaderValue,
+}
+
+impl ClientInfo {
+    /// The client at `addr`, over TLS or not.
+    pub fn new(addr: SocketAddr, tls: bool) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string()).expect("an IP address is a valid header value");
+        Self { addr, tls, ip }
+    }
 }
 
 // Parsed once: a `&str` header name is parsed and hashed again on every use.
@@ -327,12 +337,17 @@ pub fn rewrite(
         // The upstream client sets Host to its own authority.
         headers.remove(header::HOST);
     }
-    let ip = client.addr.ip().to_string();
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {ip}"),
-        None => ip,
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes) {
+        Some(previous) => {
+            let mut chain = Vec::with_capacity(previous.len() + 2 + client.ip.len());
+            chain.extend_from_slice(previous);
+            chain.extend_from_slice(b", ");
+            chain.extend_from_slice(client.ip.as_bytes());
+            HeaderValue::from_bytes(&chain).ok()
+        }
+        None => Some(client.ip.clone()),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Some(value) = forwarded_for {
         headers.insert(&X_FORWARDED_FOR, value);
     }
     headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if client.tls { "https" } else { "http" }));
