@@ -159,7 +159,10 @@ impl Pool {
         loop {
             let (mut sender, pooled) = match self.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
+                // Boxed: connecting is rare, and its future (DNS, TCP, TLS)
+                // would otherwise size every request's future, and with it
+                // every connection's in-flight slot in hyper.
+                None => (Box::pin(self.connect()).await?, false),
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
