@@ -157,7 +157,9 @@ async fn a_relay_refuses_to_start_on_an_unmigrated_schema() {
     let output =
         Command::new(BINARY).args(["relay", "--config", file.path(), "--admin-listen", &admin]).output().unwrap();
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("idemgate migrate"), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("idemgate migrate"), "{output:?}");
+    assert!(stderr.contains(&format!("schema {} is missing", schema.name())), "names the configured schema: {stderr}");
 }
 
 /// relay → gateway → an upstream that is NOT idempotent, with the relay

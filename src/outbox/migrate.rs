@@ -120,15 +120,20 @@ pub async fn current_version(client: &Client, schema: &Schema) -> Result<i32, Ou
 
 /// Fails unless the schema is exactly at [`latest_version`].
 pub async fn require_current(client: &Client, schema: &Schema) -> Result<(), OutboxError> {
+    let name = schema.name();
+    // `migrate` takes the same schema from the same config (relay.schema).
+    let migrate = if name == "idemgate" { String::new() } else { " with the same relay.schema".to_string() };
     match current_version(client, schema).await? {
         v if v == latest_version() => Ok(()),
-        0 => Err(OutboxError::Schema("schema idemgate is missing: run `idemgate migrate --database-url …`".into())),
+        0 => Err(OutboxError::Schema(format!(
+            "schema {name} is missing: run `idemgate migrate --database-url …`{migrate}"
+        ))),
         v if v < latest_version() => Err(OutboxError::Schema(format!(
-            "schema idemgate is at migration {v}, this binary needs {}: run `idemgate migrate`",
+            "schema {name} is at migration {v}, this binary needs {}: run `idemgate migrate`{migrate}",
             latest_version()
         ))),
         v => Err(OutboxError::Schema(format!(
-            "schema idemgate is at migration {v}, newer than this binary ({})",
+            "schema {name} is at migration {v}, newer than this binary ({})",
             latest_version()
         ))),
     }
