@@ -114,12 +114,14 @@ pub fn limits(config: &Config) -> ServerLimits {
     }
 }
 
-/// Installs the log subscriber: `RUST_LOG` wins over `log.level`.
+/// Installs the log subscriber: `RUST_LOG` wins over `log.level`. Text
+/// logs are coloured only on a terminal, and never with `NO_COLOR` set.
 pub fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     let _ = match config.log.format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),

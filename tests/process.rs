@@ -160,6 +160,25 @@ async fn sigterm_finishes_the_running_request_and_exits_0() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// Text logs written to a file (not a terminal) carry no colour codes.
+#[tokio::test]
+async fn text_logs_to_a_file_have_no_colour_codes() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("idemgate-logs-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log_path = dir.join("gateway.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut gateway = GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("RUST_LOG", "info")], log);
+    charge(gateway.addr, "/charge", "k-colour").await.expect("answered");
+    let pid = gateway.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let _ = tokio::task::spawn_blocking(move || gateway.child.wait()).await.unwrap();
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(logs.contains("outcome=\"forwarded\""), "{logs}");
+    assert!(!logs.contains('\x1b'), "escape codes in a log file:\n{logs:?}");
+}
+
 /// Logs carry route, outcome, hashed key and latency — and never the
 /// credential, the raw key or a body.
 #[tokio::test]
