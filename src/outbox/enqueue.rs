@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use tokio_postgres::Transaction;
+use tokio_postgres::types::Type;
 
 use super::{OutboxError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
@@ -82,19 +83,22 @@ pub async fn enqueue_in(
 ) -> Result<String, OutboxError> {
     let payload = message.payload.to_string();
     let headers = serde_json::to_string(&message.headers).unwrap_or_else(|_| "{}".into());
-    let row = transaction
-        .query_one(
-            &*schema.sql(ENQUEUE),
+    // Typed parameters: parse, bind and execute go in one round trip, where
+    // an untyped query would first wait for the server to describe them.
+    let rows = transaction
+        .query_typed(
+            &schema.sql(ENQUEUE),
             &[
-                &message.destination,
-                &message.operation,
-                &message.business_key,
-                &payload,
-                &message.ordering_key,
-                &headers,
+                (&message.destination, Type::TEXT),
+                (&message.operation, Type::TEXT),
+                (&message.business_key, Type::TEXT),
+                (&payload, Type::TEXT),
+                (&message.ordering_key, Type::TEXT),
+                (&headers, Type::TEXT),
             ],
         )
         .await?;
+    let row = rows.first().ok_or(OutboxError::Schema("idemgate.enqueue returned no row".into()))?;
     let database: String = row.try_get(0)?;
     let rust = derived_key(message.destination, message.operation, message.business_key);
     if database != rust {
