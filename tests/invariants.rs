@@ -115,28 +115,41 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// Starts a gateway on `addr`. A port picked by `free_port` can be
+    /// taken, between its release and the gateway's bind, as the source port
+    /// of some other test's outgoing connection; the gateway then exits at
+    /// once, and it is started again (such a connection is short-lived).
     fn start(addr: SocketAddr, upstream: SocketAddr, store: &str) -> Child {
         let admin = self_admin(addr);
-        let child = Command::new(BINARY)
-            .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
-            .args(["--upstream", &format!("http://{upstream}"), "--store", store])
-            .envs([
-                ("IDEMGATE__GATEWAY__LEASE", "1s"),
-                ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms"),
-                ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
-                ("IDEMGATE__GATEWAY__STORE_TIMEOUT", "500ms"),
-                ("IDEMGATE__LOG__LEVEL", "warn"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start idemgate");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "gateway on {addr} did not come up");
-            std::thread::sleep(Duration::from_millis(10));
+        loop {
+            let mut child = Command::new(BINARY)
+                .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
+                .args(["--upstream", &format!("http://{upstream}"), "--store", store])
+                .envs([
+                    ("IDEMGATE__GATEWAY__LEASE", "1s"),
+                    ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms"),
+                    ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
+                    ("IDEMGATE__GATEWAY__STORE_TIMEOUT", "500ms"),
+                    ("IDEMGATE__LOG__LEVEL", "warn"),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start idemgate");
+            loop {
+                if std::net::TcpStream::connect(addr).is_ok() {
+                    return child;
+                }
+                let exited = child.try_wait().expect("gateway status");
+                assert!(Instant::now() < deadline, "gateway on {addr} did not come up (exit: {exited:?})");
+                if exited.is_some() {
+                    std::thread::sleep(Duration::from_millis(50));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
-        child
     }
 }
 

@@ -104,6 +104,8 @@ async fn clients_may_speak_h2c_with_prior_knowledge() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), 201);
     assert_eq!(upstream.last_headers()["x-forwarded-proto"], "http");
+    let authority = gateway.addr.to_string();
+    assert_eq!(upstream.last_headers()["x-forwarded-host"], authority.as_str(), "from h2's :authority");
 }
 
 #[tokio::test]

@@ -325,21 +325,28 @@ pub fn rewrite(
     client: &ClientInfo,
     forwarded_key: Option<HeaderValue>,
 ) -> Result<Request<ResponseBody>, UpstreamError> {
+    // The host the client asked for: `Host` in HTTP/1.1, `:authority` in h2.
+    let client_host = parts
+        .headers
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()));
     parts.uri = route.upstream_uri(&parts.uri).map_err(UpstreamError::Build)?;
     parts.version = http::Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
-    // The Host the client asked for travels as X-Forwarded-Host, like the
-    // scheme in X-Forwarded-Proto: set from what this gateway saw, never
-    // taken from the client's own X-Forwarded-Host.
-    match headers.get(header::HOST).cloned() {
-        Some(host) => headers.insert(&X_FORWARDED_HOST, host),
+    // It travels as X-Forwarded-Host, like the scheme in X-Forwarded-Proto:
+    // set from what this gateway saw, never from the client's own header.
+    match &client_host {
+        Some(host) => headers.insert(&X_FORWARDED_HOST, host.clone()),
         None => headers.remove(&X_FORWARDED_HOST),
     };
-    if !route.keep_host {
+    match client_host {
+        // An h2 client's :authority becomes the Host an HTTP/1.1 upstream needs.
+        Some(host) if route.keep_host => headers.insert(header::HOST, host),
         // The upstream client sets Host to its own authority.
-        headers.remove(header::HOST);
-    }
+        _ => headers.remove(header::HOST),
+    };
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes) {
         Some(previous) => {
             let mut chain = Vec::with_capacity(previous.len() + 2 + client.ip.len());
