@@ -479,21 +479,8 @@ impl<P: Publisher> Relay<P> {
             }
             // Go again at once after any work: a full batch means more is
             // due, and a settled head lets its ordering key's next row go.
-            let worked = match self.try_execute_batch().await {
-                Ok(outcome) => outcome.claimed > 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox claim failed");
-                    false
-                }
-            };
-            if worked {
-                continue;
-            }
-            let idle_until = (Instant::now() + s.poll_interval).min(next_reap);
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep_until(idle_until) => {}
-                _ = stop.cancelled() => {}
+            if !self.step().await {
+                idle(wake, stop, (Instant::now() + s.poll_interval).min(next_reap)).await;
             }
         }
         for helper in helpers {
@@ -507,22 +494,30 @@ impl<P: Publisher> Relay<P> {
     async fn steps(self, wake: Arc<Notify>, stop: CancellationToken) {
         let poll = self.inner.settings.poll_interval;
         while !stop.is_cancelled() {
-            let worked = match self.try_execute_batch().await {
-                Ok(outcome) => outcome.claimed > 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox claim failed");
-                    false
-                }
-            };
-            if worked {
-                continue;
-            }
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(poll) => {}
-                _ = stop.cancelled() => {}
+            if !self.step().await {
+                idle(&wake, &stop, Instant::now() + poll).await;
             }
         }
+    }
+
+    /// One claim-publish-settle step; `true` when it claimed anything.
+    async fn step(&self) -> bool {
+        match self.try_execute_batch().await {
+            Ok(outcome) => outcome.claimed > 0,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox claim failed");
+                false
+            }
+        }
+    }
+}
+
+/// Waits for a NOTIFY wake-up, `until`, or `stop`, whichever comes first.
+async fn idle(wake: &Notify, stop: &CancellationToken, until: Instant) {
+    tokio::select! {
+        _ = wake.notified() => {}
+        _ = tokio::time::sleep_until(until) => {}
+        _ = stop.cancelled() => {}
     }
 }
 
