@@ -85,6 +85,16 @@ async fn stop_relays(stop: CancellationToken, relays: Vec<JoinHandle<()>>) {
 }
 
 /// Waits (bounded) until `ledger` holds `n` committed rows.
+/// A private PostgreSQL with the outbox migrated into the default schema.
+async fn migrated_private_postgres() -> (PostgresProcess, String, Schema) {
+    let postgres = tokio::task::spawn_blocking(PostgresProcess::start).await.unwrap();
+    let url = postgres.url();
+    let schema = Schema::default();
+    let mut client = migrate::connect(&url).await.unwrap();
+    migrate::run(&mut client, &schema).await.unwrap();
+    (postgres, url, schema)
+}
+
 async fn wait_for_commits(ledger: &Ledger, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while ledger.len() < n {
@@ -113,12 +123,7 @@ async fn postgres_stopped_and_crashed_mid_run_loses_no_row_and_applies_each_effe
     let mut stops = [Stop::Fast, Stop::Immediate, Stop::Kill];
     stops.rotate_left((seed % 3) as usize);
     let started = Instant::now();
-    let mut postgres = tokio::task::spawn_blocking(PostgresProcess::start).await.unwrap();
-    let url = postgres.url();
-    let schema = Schema::default();
-    let mut client = migrate::connect(&url).await.unwrap();
-    migrate::run(&mut client, &schema).await.unwrap();
-    drop(client);
+    let (mut postgres, url, schema) = migrated_private_postgres().await;
     let sink = Sink::start().await;
     let mut relay = RelayProcess::start(&binary_relay_config(&url, schema.name(), &sink));
     let mut workload = Workload::new(seed, &[DESTINATION], 20, 10, 100, 4);
@@ -355,12 +360,7 @@ async fn a_poison_row_under_load_dies_with_its_reason_holds_only_its_key_and_flo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_stopped_while_postgres_does_not_answer_exits_instead_of_waiting_forever() {
     let seed = outbox_check::seed("frozen postgres");
-    let postgres = tokio::task::spawn_blocking(PostgresProcess::start).await.unwrap();
-    let url = postgres.url();
-    let schema = Schema::default();
-    let mut client = migrate::connect(&url).await.unwrap();
-    migrate::run(&mut client, &schema).await.unwrap();
-    drop(client);
+    let (postgres, url, schema) = migrated_private_postgres().await;
     let sink = Sink::start().await;
     let config = binary_relay_config(&url, schema.name(), &sink);
     let workload = Workload::new(seed, &[DESTINATION], 2, 5, 10, 2);

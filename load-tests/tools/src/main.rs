@@ -109,6 +109,35 @@ pub fn percentiles(samples: &mut [u64]) -> String {
 }
 
 /// A small multi-threaded runtime for the tools.
+/// Serves HTTP/1.1 on `listen` (printing the bound address as JSON first),
+/// one `answer` call per request, until `lifetime` has passed.
+pub async fn serve_http<F, Fut>(listen: SocketAddr, lifetime: std::time::Duration, answer: F) -> Result<(), String>
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<
+            Output = Result<http::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible>,
+        > + Send
+        + 'static,
+{
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("bind {listen}: {e}"))?;
+    println!("{{\"listening\":\"{}\"}}", listener.local_addr().map_err(|e| e.to_string())?);
+    let serve = async {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let _ = stream.set_nodelay(true);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(answer);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    };
+    let _ = tokio::time::timeout(lifetime, serve).await;
+    Ok(())
+}
+
 pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().map_err(|e| e.to_string())
 }

@@ -23,8 +23,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 
 use crate::Args;
 
@@ -50,25 +48,7 @@ pub fn main(args: &Args) -> Result<(), String> {
         last_us: 0,
         max,
     }));
-    crate::runtime(threads)?.block_on(async move {
-        let listener = TcpListener::bind(listen).await.map_err(|e| format!("bind {listen}: {e}"))?;
-        println!("{{\"listening\":\"{}\"}}", listener.local_addr().map_err(|e| e.to_string())?);
-        let serve = async {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let _ = stream.set_nodelay(true);
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |r| answer(r, log.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        };
-        let _ = tokio::time::timeout(lifetime, serve).await;
-        Ok(())
-    })
+    crate::runtime(threads)?.block_on(crate::serve_http(listen, lifetime, move |r| answer(r, log.clone())))
 }
 
 fn now_us() -> u64 {

@@ -17,8 +17,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 
 use crate::Args;
 
@@ -33,25 +31,7 @@ pub fn main(args: &Args) -> Result<(), String> {
     let delay = Duration::from_millis(args.num("delay-ms", 50)?);
     let lifetime = Duration::from_millis(args.num("lifetime-ms", 15 * 60 * 1000)?);
     let counts = (args.num("count", 1)? != 0).then(|| Arc::new(Mutex::new(Counts::default())));
-    crate::runtime(1)?.block_on(async move {
-        let listener = TcpListener::bind(listen).await.map_err(|e| format!("bind {listen}: {e}"))?;
-        println!("{{\"listening\":\"{}\"}}", listener.local_addr().map_err(|e| e.to_string())?);
-        let serve = async {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let _ = stream.set_nodelay(true);
-                let counts = counts.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |r| answer(r, counts.clone(), delay));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        };
-        let _ = tokio::time::timeout(lifetime, serve).await;
-        Ok(())
-    })
+    crate::runtime(1)?.block_on(crate::serve_http(listen, lifetime, move |r| answer(r, counts.clone(), delay)))
 }
 
 async fn answer(
