@@ -65,6 +65,11 @@ impl Activity {
         InFlight(self.clone())
     }
 
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
     /// Resolves once the connection has had no request in flight for
     /// `first` (before any request) or `idle` (after one).
     pub async fn idle_for_too_long(&self, first: Duration, idle: Duration) {

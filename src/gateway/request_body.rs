@@ -181,3 +181,57 @@ where
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Empty;
+    use hyper::{Request, Response};
+    use hyper_util::rt::TokioIo;
+    use tokio::io::{AsyncWriteExt, DuplexStream};
+    use tokio::sync::mpsc;
+
+    type Event = (&'static str, Result<usize, String>);
+
+    /// A real HTTP/1.1 connection over an in-memory pipe whose handler
+    /// reads the body with `read_whole` under `budget` and reports.
+    fn connection(name: &'static str, budget: &BodyBudget, events: &mpsc::UnboundedSender<Event>) -> DuplexStream {
+        let (client, server) = tokio::io::duplex(64 << 10);
+        let (budget, events) = (budget.clone(), events.clone());
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let (budget, events) = (budget.clone(), events.clone());
+            async move {
+                let mut body = request.into_body();
+                let read = read_whole(&mut body, 1000, &budget, Duration::from_secs(5)).await;
+                let _ = events.send((name, read.map(|b| b.bytes.len()).map_err(|e| e.to_string())));
+                Ok::<_, std::convert::Infallible>(Response::new(Empty::<Bytes>::new()))
+            }
+        });
+        tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(server), service));
+        client
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_waits_for_budget_that_a_stalled_body_holds_until_that_one_times_out() {
+        let budget = BodyBudget::new(150);
+        let (events, mut seen) = mpsc::unbounded_channel();
+        let mut stalled = connection("stalled", &budget, &events);
+        stalled.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 200\r\n\r\n").await.unwrap();
+        stalled.write_all(&[b'x'; 100]).await.unwrap();
+        for _ in 0..10_000 {
+            if budget.available() == 50 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(budget.available(), 50, "the stalled body's first 100 bytes are held");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut whole = connection("whole", &budget, &events);
+        whole.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n").await.unwrap();
+        whole.write_all(&[b'y'; 100]).await.unwrap();
+        let first = seen.recv().await.unwrap();
+        assert_eq!(first.0, "stalled", "the whole body could not be buffered beside the stalled one: {first:?}");
+        assert!(first.1.unwrap_err().contains("did not arrive"));
+        assert_eq!(seen.recv().await.unwrap(), ("whole", Ok(100)));
+    }
+}

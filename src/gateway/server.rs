@@ -197,6 +197,12 @@ where
     tokio::pin!(connection);
     let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
     tokio::pin!(idle);
+    // A graceful close needs the peer's help in HTTP/2 (GOAWAY, then a PING
+    // it must acknowledge): a connection still open this long after one was
+    // asked for, with no request in flight, is dropped.
+    let drop_after = limits.header_read_timeout;
+    let overdue = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(overdue);
     let mut closing_down = false;
     loop {
         tokio::select! {
@@ -204,10 +210,18 @@ where
             () = &mut idle, if !closing_down => {
                 closing_down = true;
                 connection.as_mut().graceful_shutdown();
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
             }
             () = closing.cancelled(), if !closing_down => {
                 closing_down = true;
                 connection.as_mut().graceful_shutdown();
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
+            }
+            () = &mut overdue, if closing_down => {
+                if activity.in_flight() == 0 {
+                    return Ok(());
+                }
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
             }
         }
     }

@@ -51,21 +51,53 @@ pub struct RedisProcess {
     dir: TempDir,
     child: Option<Child>,
     tls_port: Option<u16>,
+    /// Extra server arguments, kept for restarts.
+    extra: Vec<String>,
 }
 
 impl RedisProcess {
     /// Starts a server on a free port and waits until it answers `PING`.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server that keeps every write on disk before it answers (AOF,
+    /// `appendfsync always`, as RELIABILITY.md asks of production), so a
+    /// SIGKILL and restart loses nothing that was acknowledged.
+    pub fn start_durable() -> Self {
+        Self::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         let dir = TempDir::new("redis");
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
-            match spawn_server(port, &dir.0, &[]) {
-                Ok(child) => return Self { port, dir, child: Some(child), tls_port: None },
+            match spawn_server(port, &dir.0, extra) {
+                Ok(child) => {
+                    let extra = extra.iter().map(|s| s.to_string()).collect();
+                    return Self { port, dir, child: Some(child), tls_port: None, extra };
+                }
                 Err(e) => last_error = e,
             }
         }
         panic!("redis-server did not start: {last_error}");
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id().to_string();
+        let status = Command::new("kill").args([which, &pid]).status().expect("run kill");
+        assert!(status.success(), "kill {which} {pid}");
     }
 
     /// A server that also speaks TLS (with this PEM certificate and key) on a
@@ -81,7 +113,7 @@ impl RedisProcess {
             match spawn_server(port, &dir.0, &tls_args) {
                 Ok(child) => {
                     let tls_port = tls_port.parse().ok();
-                    return Self { port, dir, child: Some(child), tls_port };
+                    return Self { port, dir, child: Some(child), tls_port, extra: Vec::new() };
                 }
                 Err(e) => last_error = e,
             }
@@ -111,10 +143,12 @@ impl RedisProcess {
         }
     }
 
-    /// Starts the server again on the same port (empty: persistence is off).
+    /// Kills the server and starts it again on the same port: empty, unless
+    /// it was started with [`Self::start_durable`].
     pub fn start_again(&mut self) {
         self.stop();
-        let child = spawn_server(self.port, &self.dir.0, &[])
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let child = spawn_server(self.port, &self.dir.0, &extra)
             .unwrap_or_else(|e| panic!("redis-server did not restart on port {}: {e}", self.port));
         self.child = Some(child);
     }

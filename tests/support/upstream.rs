@@ -6,7 +6,7 @@
 //! - `/charge` → `201` with a body naming the effect number;
 //! - `/status?code=N` → status `N`;
 //! - `/reset` → closes the connection without answering;
-//! - `/slow?ms=N` → answers `201` after `N` ms;
+//! - `/slow?ms=N` → acts at once, answers `201` (or `code`) after `N` ms;
 //! - `/big?bytes=N` → `200` with an `N`-byte body;
 //! - anything else → `200 ok` (counted too).
 
@@ -34,6 +34,7 @@ pub struct Effects {
     by_key: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
     finished_signal: Notify,
+    started_signal: Notify,
 }
 
 pub struct Upstream {
@@ -104,6 +105,17 @@ impl Upstream {
         self.effects.last_headers.lock().unwrap().clone().unwrap_or_default()
     }
 
+    /// Waits until the upstream has received (and acted on) `n` requests.
+    pub async fn wait_started(&self, n: u64) {
+        loop {
+            let notified = self.effects.started_signal.notified();
+            if self.total() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Waits until `n` requests have been fully handled by the upstream.
     pub async fn wait_finished(&self, n: u64) {
         loop {
@@ -129,11 +141,12 @@ fn query_number(request: &Request<Incoming>, name: &str) -> u64 {
 }
 
 async fn handle(request: Request<Incoming>, effects: Arc<Effects>) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let n = effects.total.fetch_add(1, Ordering::SeqCst) + 1;
     let key = request.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     if let Some(key) = &key {
         *effects.by_key.lock().unwrap().entry(key.clone()).or_default() += 1;
     }
+    let n = effects.total.fetch_add(1, Ordering::SeqCst) + 1;
+    effects.started_signal.notify_waiters();
     *effects.last_headers.lock().unwrap() = Some(request.headers().clone());
     let path = request.uri().path().to_owned();
     let code = query_number(&request, "code");
@@ -145,7 +158,8 @@ async fn handle(request: Request<Incoming>, effects: Arc<Effects>) -> Result<Res
         "/status" => Ok(reply(StatusCode::from_u16(code as u16).unwrap(), format!("{{\"effect\":{n}}}"))),
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
-            Ok(reply(StatusCode::CREATED, format!("{{\"effect\":{n},\"slow\":true}}")))
+            let status = if code == 0 { StatusCode::CREATED } else { StatusCode::from_u16(code as u16).unwrap() };
+            Ok(reply(status, format!("{{\"effect\":{n},\"slow\":true}}")))
         }
         "/big" => Ok(reply(StatusCode::OK, "x".repeat(bytes as usize))),
         "/charge" => Ok(reply(StatusCode::CREATED, format!("{{\"effect\":{n},\"echo\":{}}}", body.len()))),
