@@ -107,10 +107,14 @@ fn outbox_database(config: &Config) -> Result<Option<crate::outbox::Database>, S
 
 /// The listener limits a config sets.
 pub fn limits(config: &Config) -> ServerLimits {
+    let g = &config.gateway;
     ServerLimits {
-        max_connections: config.gateway.max_connections,
-        header_read_timeout: config.gateway.header_read_timeout.0,
-        shutdown_grace: config.gateway.shutdown_grace.0,
+        max_connections: g.max_connections,
+        header_read_timeout: g.header_read_timeout.0,
+        idle_timeout: g.idle_timeout.0,
+        max_streams_per_connection: g.max_streams_per_connection,
+        connection_body_budget: g.connection_body_budget.0,
+        shutdown_grace: g.shutdown_grace.0,
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub lease_takeovers: IntCounter,
     /// `idemgate_fence_rejections_total{operation}`.
     pub fence_rejections: IntCounterVec,
+    /// `idemgate_settle_abandoned_total`.
+    pub settle_abandoned: IntCounter,
     /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead).
     pub outbox_rows: IntGaugeVec,
     /// `idemgate_outbox_oldest_ready_age_seconds{destination}`.
@@ -92,6 +94,10 @@ impl Metrics {
                 "idemgate_fence_rejections_total",
                 "Renew, complete or release refused because a newer attempt holds the key.",
                 &["operation"],
+            ),
+            settle_abandoned: counter(
+                "idemgate_settle_abandoned_total",
+                "Attempts that could not complete or release their record before its lease ended (the store stayed down).",
             ),
             outbox_rows: gauge_vec(
                 "idemgate_outbox_rows",

@@ -143,7 +143,7 @@ async fn migrate_from_the_command_line_is_idempotent() {
     let run = || Command::new(BINARY).args(["migrate", "--database-url", &schema.url]).envs(env).output().unwrap();
     let first = run();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    assert!(String::from_utf8_lossy(&first.stdout).contains("applied [1, 2]"));
+    assert!(String::from_utf8_lossy(&first.stdout).contains("applied [1, 2, 3]"));
     let second = run();
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
     assert!(String::from_utf8_lossy(&second.stdout).contains("up to date"), "{second:?}");

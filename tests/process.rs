@@ -87,14 +87,14 @@ impl Drop for GatewayProcess {
 fn check_config_prints_the_effective_config_with_secrets_redacted() {
     let output = idemgate(
         &["check-config", "--upstream", "http://127.0.0.1:9000", "--store", "redis://:hunter2@127.0.0.1:6379/0"],
-        &[("IDEMGATE__ADMIN__TOKEN", "s3cret"), ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "1m")],
+        &[("IDEMGATE__ADMIN__TOKEN", "s3cret"), ("IDEMGATE__GATEWAY__ON_UNKNOWN", "release")],
     );
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(printed.contains("lease = \"30s\""), "{printed}");
     assert!(!printed.contains("hunter2") && !printed.contains("s3cret"), "{printed}");
     let warnings = String::from_utf8_lossy(&output.stderr);
-    assert!(warnings.contains("upstream_timeout"), "a timeout above the lease is warned about: {warnings}");
+    assert!(warnings.contains("on_unknown"), "releasing lost outcomes is warned about: {warnings}");
 }
 
 #[test]

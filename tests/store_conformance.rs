@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idemgate::idempotency::{Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
+use idemgate::idempotency::{Completion, Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
 use idemgate::store::memory::MemoryStore;
 use idemgate::store::postgres::PostgresStore;
 use idemgate::store::redis::RedisStore;
@@ -112,13 +112,16 @@ async fn another_fingerprint_on_an_in_flight_key_is_a_mismatch<S: Store>(store: 
         matches!(after, Some(Record::InFlight { fingerprint, fence, .. }) if fingerprint == fp && fence == first),
         "the mismatching begin changed the record: {after:?}"
     );
-    assert!(store.complete(&key, first, None, TTL).await.unwrap(), "the first attempt still holds the key");
+    assert!(
+        store.complete(&key, first, Completion::NotKept, TTL).await.unwrap(),
+        "the first attempt still holds the key"
+    );
 }
 
 async fn another_fingerprint_on_a_completed_key_is_a_mismatch<S: Store>(store: Arc<S>) {
     let (key, fp, other) = (fresh_key(), fresh_fingerprint(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     let record = existing(&*store, &key, &other).await;
     assert_eq!(*record.fingerprint(), fp);
     assert_eq!(decide(Some(&record), &other), Decision::Mismatch);
@@ -128,7 +131,7 @@ async fn another_fingerprint_on_a_completed_key_is_a_mismatch<S: Store>(store: A
 async fn a_completed_key_replays_the_byte_identical_response<S: Store>(store: Arc<S>) {
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
     let expected = Record::Completed { fingerprint: fp, response: Some(response.clone()) };
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, expected);
@@ -140,7 +143,7 @@ async fn an_empty_response_is_kept_as_a_response<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let empty = StoredResponse { status: 204, headers: vec![], body: Bytes::new() };
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&empty), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&empty), TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(decide(Some(&record), &fp), Decision::Replay(&empty), "an empty body is not a missing response");
 }
@@ -148,10 +151,25 @@ async fn an_empty_response_is_kept_as_a_response<S: Store>(store: Arc<S>) {
 async fn a_completion_without_a_response_is_not_replayable<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, None, TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, Record::Completed { fingerprint: fp, response: None });
     assert_eq!(decide(Some(&record), &fp), Decision::NotReplayable);
+}
+
+async fn an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged<S: Store>(store: Arc<S>) {
+    let (key, fp, other) = (fresh_key(), fresh_fingerprint(), fresh_fingerprint());
+    let fence = acquire(&*store, &key, &fp, LEASE).await;
+    assert!(store.complete(&key, fence, Completion::Unknown, TTL).await.unwrap());
+    let record = existing(&*store, &key, &fp).await;
+    assert_eq!(record, Record::Unknown { fingerprint: fp });
+    assert_eq!(decide(Some(&record), &fp), Decision::OutcomeUnknown);
+    assert_eq!(decide(Some(&existing(&*store, &key, &other).await), &other), Decision::Mismatch);
+    assert!(!store.release(&key, fence).await.unwrap(), "an unknown record is no longer in flight");
+    assert!(!store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "nor completable again");
+    assert_eq!(store.get(&key).await.unwrap(), Some(Record::Unknown { fingerprint: fp }));
+    assert!(store.purge(&key).await.unwrap(), "an operator can purge it");
+    acquire(&*store, &key, &fp, LEASE).await;
 }
 
 async fn a_wrong_fence_can_neither_renew_complete_nor_release<S: Store>(store: Arc<S>) {
@@ -159,7 +177,7 @@ async fn a_wrong_fence_can_neither_renew_complete_nor_release<S: Store>(store: A
     let fence = acquire(&*store, &key, &fp, LEASE).await;
     let wrong = Fence::random();
     assert!(!store.renew(&key, wrong, LEASE * 100).await.unwrap(), "renew");
-    assert!(!store.complete(&key, wrong, Some(&awkward_response()), TTL).await.unwrap(), "complete");
+    assert!(!store.complete(&key, wrong, Completion::Response(&awkward_response()), TTL).await.unwrap(), "complete");
     assert!(!store.release(&key, wrong).await.unwrap(), "release");
     match store.get(&key).await.unwrap() {
         Some(Record::InFlight { fingerprint, fence: held, lease_remaining }) => {
@@ -174,8 +192,8 @@ async fn fenced_operations_on_a_missing_key_change_nothing<S: Store>(store: Arc<
     let key = fresh_key();
     let fence = Fence::random();
     assert!(!store.renew(&key, fence, LEASE).await.unwrap(), "renew");
-    assert!(!store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap(), "complete");
-    assert!(!store.complete(&key, fence, None, TTL).await.unwrap(), "complete without a response");
+    assert!(!store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap(), "complete");
+    assert!(!store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "complete without a response");
     assert!(!store.release(&key, fence).await.unwrap(), "release");
     assert_eq!(store.get(&key).await.unwrap(), None, "no record was created");
 }
@@ -183,10 +201,13 @@ async fn fenced_operations_on_a_missing_key_change_nothing<S: Store>(store: Arc<
 async fn fenced_operations_on_a_completed_key_change_nothing<S: Store>(store: Arc<S>) {
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
     let other = StoredResponse { status: 500, headers: vec![], body: Bytes::from_static(b"late") };
-    assert!(!store.complete(&key, fence, Some(&other), TTL).await.unwrap(), "a second complete");
-    assert!(!store.complete(&key, fence, None, TTL).await.unwrap(), "a second complete without a response");
+    assert!(!store.complete(&key, fence, Completion::Response(&other), TTL).await.unwrap(), "a second complete");
+    assert!(
+        !store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(),
+        "a second complete without a response"
+    );
     assert!(!store.renew(&key, fence, LEASE).await.unwrap(), "renew");
     assert!(!store.release(&key, fence).await.unwrap(), "release");
     assert_eq!(store.get(&key).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: Some(response) }));
@@ -206,11 +227,14 @@ async fn a_stale_fence_cannot_complete_after_release_and_reacquire<S: Store>(sto
     let stale = acquire(&*store, &key, &fp, LEASE).await;
     assert!(store.release(&key, stale).await.unwrap());
     let current = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(!store.complete(&key, stale, Some(&awkward_response()), TTL).await.unwrap(), "stale complete");
+    assert!(
+        !store.complete(&key, stale, Completion::Response(&awkward_response()), TTL).await.unwrap(),
+        "stale complete"
+    );
     assert!(!store.renew(&key, stale, LEASE).await.unwrap(), "stale renew");
     assert!(!store.release(&key, stale).await.unwrap(), "stale release");
     assert!(matches!(store.get(&key).await.unwrap(), Some(Record::InFlight { fence, .. }) if fence == current));
-    assert!(store.complete(&key, current, None, TTL).await.unwrap(), "the current attempt completes");
+    assert!(store.complete(&key, current, Completion::NotKept, TTL).await.unwrap(), "the current attempt completes");
 }
 
 async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(store: Arc<S>) {
@@ -221,10 +245,10 @@ async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(stor
     let fence = Fence::random();
     let begin = store.try_begin(&key, &fp, fence, LEASE).await.unwrap();
     assert_eq!(begin, Begin::Acquired { took_over: true }, "the same request after a lapsed lease is a takeover");
-    assert!(!store.complete(&key, old, Some(&awkward_response()), TTL).await.unwrap(), "old complete");
+    assert!(!store.complete(&key, old, Completion::Response(&awkward_response()), TTL).await.unwrap(), "old complete");
     assert!(!store.release(&key, old).await.unwrap(), "old release");
     assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
-    assert!(store.complete(&key, fence, None, TTL).await.unwrap(), "the new attempt completes");
+    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "the new attempt completes");
 }
 
 async fn another_request_after_a_lapsed_lease_starts_afresh<S: Store>(store: Arc<S>) {
@@ -252,7 +276,7 @@ async fn renew_extends_a_live_lease<S: Store>(store: Arc<S>) {
 async fn a_completed_record_expires_after_its_ttl<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&awkward_response()), SHORT).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), SHORT).await.unwrap());
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(store.get(&key).await.unwrap(), None);
     acquire(&*store, &key, &fresh_fingerprint(), LEASE).await;
@@ -267,7 +291,7 @@ async fn get_reports_no_record_then_the_record_as_it_stands<S: Store>(store: Arc
     };
     assert_eq!((fingerprint, held), (fp, fence));
     assert!(!lease_remaining.is_zero() && lease_remaining <= LEASE);
-    assert!(store.complete(&key, fence, None, TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap());
     assert_eq!(store.get(&key).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
     assert_eq!(store.get(&key).await.unwrap(), store.get(&key).await.unwrap(), "get changes nothing");
 }
@@ -278,9 +302,12 @@ async fn purge_deletes_any_record_and_reports_whether_one_existed<S: Store>(stor
     let purged = acquire(&*store, &key, &fp, LEASE).await;
     assert!(store.purge(&key).await.unwrap(), "an in-flight record");
     assert_eq!(store.get(&key).await.unwrap(), None);
-    assert!(!store.complete(&key, purged, None, TTL).await.unwrap(), "the purged attempt cannot complete");
+    assert!(
+        !store.complete(&key, purged, Completion::NotKept, TTL).await.unwrap(),
+        "the purged attempt cannot complete"
+    );
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(store.purge(&key).await.unwrap(), "a completed record");
     assert_eq!(store.get(&key).await.unwrap(), None);
     assert!(!store.purge(&key).await.unwrap(), "already purged");
@@ -389,6 +416,7 @@ conformance_suite! {
     a_completed_key_replays_the_byte_identical_response,
     an_empty_response_is_kept_as_a_response,
     a_completion_without_a_response_is_not_replayable,
+    an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged,
     a_wrong_fence_can_neither_renew_complete_nor_release,
     fenced_operations_on_a_missing_key_change_nothing,
     fenced_operations_on_a_completed_key_change_nothing,
@@ -446,7 +474,7 @@ async fn a_redis_store_reports_an_outage_within_its_timeout_and_recovers() {
     assert!(recovered, "the store did not recover after the server came back");
     // The restarted server is empty (no persistence), and scripts load again.
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
@@ -459,7 +487,7 @@ async fn a_postgres_store_with_keys_keeps_responses_sealed_at_rest() {
     let store = PostgresStore::open(&schema.store_url()).await.expect("open").sealed(Some(sealer));
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Some(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
     let client = schema.connect().await;
     let sql = schema.sql("SELECT response FROM idemgate.gateway_keys WHERE key = $1");
     let stored: Vec<u8> = client.query_one(&sql, &[&&key.as_bytes()[..]]).await.unwrap().get(0);

@@ -13,6 +13,7 @@ use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use idemgate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 use idemgate::gateway::body::full;
 use idemgate::gateway::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -67,7 +68,7 @@ async fn status_and_body(upstream: &Upstream, request: Request<idemgate::gateway
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_more_connections_than_the_limit_and_the_excess_requests_wait_for_one() {
     let (uri, counts) = slow_server(Duration::from_millis(50)).await;
-    let upstream = Upstream::new(&uri, None, 2).unwrap();
+    let upstream = Upstream::new(&uri, None, 2, DEFAULT_POOL_IDLE_TIMEOUT).unwrap();
     let calls = (0..12).map(|i| {
         let upstream = upstream.clone();
         let request = get(&uri, &format!("/r{i}"));
@@ -131,7 +132,7 @@ async fn one_shot_server() -> (Uri, Arc<Counts>, tokio::sync::mpsc::UnboundedRec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_connection_the_upstream_closed_is_replaced_and_nothing_is_sent_twice() {
     let (uri, counts, mut closes) = one_shot_server().await;
-    let upstream = Upstream::new(&uri, None, 4).unwrap();
+    let upstream = Upstream::new(&uri, None, 4, DEFAULT_POOL_IDLE_TIMEOUT).unwrap();
     for round in 1..=3 {
         assert_eq!(status_and_body(&upstream, get(&uri, "/charge")).await, (200, Bytes::from_static(b"ok")));
         // The server has closed the connection the pool now keeps as idle.
@@ -148,7 +149,7 @@ async fn a_refused_connection_is_an_error_and_frees_its_slot() {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         format!("http://{}", listener.local_addr().unwrap()).parse().unwrap()
     };
-    let upstream = Upstream::new(&uri, None, 1).unwrap();
+    let upstream = Upstream::new(&uri, None, 1, DEFAULT_POOL_IDLE_TIMEOUT).unwrap();
     for _ in 0..3 {
         let error = upstream.send(get(&uri, "/"), Duration::from_secs(5)).await.unwrap_err();
         assert!(error.to_string().starts_with("cannot connect to the upstream"), "{error}");

@@ -200,6 +200,11 @@ fn describe(scoped: &ScopedKey, record: &Record) -> serde_json::Value {
             "body_bytes": response.as_ref().map(|r| r.body.len()),
             "header_names": response.as_ref().map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()),
         }),
+        Record::Unknown { fingerprint } => serde_json::json!({
+            "scoped_key": scoped.to_hex(),
+            "state": "unknown",
+            "fingerprint": to_hex(&fingerprint.0),
+        }),
     }
 }
 

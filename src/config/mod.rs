@@ -232,6 +232,26 @@ pub enum ForwardKey {
     Derived,
 }
 
+/// What a route does when a request was written upstream and its outcome
+/// was lost (the connection died before a response head, or
+/// `upstream_deadline` passed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnknown {
+    /// Keep the key: every retry gets `502 outcome-unknown` and nothing is
+    /// forwarded again until the record expires or an operator purges it.
+    Hold,
+    /// Release the key so a retry runs again: only for upstreams that
+    /// deduplicate on the forwarded key themselves.
+    Release,
+}
+
+/// How long an idle upstream keep-alive connection is kept by default:
+/// below the 5 s keep-alive of Node's HTTP server, the shortest common
+/// upstream default, so the gateway closes an idle connection before the
+/// upstream does instead of writing a request into one being closed.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// Where the tenant comes from: exactly one of the three fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -255,8 +275,14 @@ pub struct GatewayConfig {
     pub key_ttl: ConfigDuration,
     /// How long an in-flight attempt holds its key without renewal.
     pub lease: ConfigDuration,
-    /// Limit on one upstream call (connect, headers and stored body).
+    /// How long a client waits for the upstream's answer (connect, head and
+    /// the stored part of the body); past it the client gets `504` while the
+    /// attempt goes on in the background until `upstream_deadline`.
     pub upstream_timeout: ConfigDuration,
+    /// How long a guarded attempt may run at all; past it its outcome is unknown.
+    pub upstream_deadline: ConfigDuration,
+    /// What a request whose outcome was lost does to its key (routes may override).
+    pub on_unknown: OnUnknown,
     /// Larger request bodies get `413` before any store operation.
     pub max_request_body: ByteSize,
     /// Larger responses are streamed but not kept for replay.
@@ -281,8 +307,18 @@ pub struct GatewayConfig {
     pub release_statuses: Vec<u16>,
     /// Limit on one store operation.
     pub store_timeout: ConfigDuration,
-    /// Limit on reading a client's request headers.
+    /// Limit on a new connection's first request head, and on each request's headers.
     pub header_read_timeout: ConfigDuration,
+    /// Limit on receiving a guarded request body whole, and on any pause
+    /// between two chunks of a streamed (passthrough) one.
+    pub request_body_timeout: ConfigDuration,
+    /// A client connection with no request in flight for this long is closed.
+    pub idle_timeout: ConfigDuration,
+    /// Concurrent HTTP/2 streams per client connection.
+    pub max_streams_per_connection: u32,
+    /// Request body bytes buffered at once for one client connection (all
+    /// its HTTP/2 streams together); at least `max_request_body`.
+    pub connection_body_budget: ByteSize,
     /// Open client connections at most; more wait in the accept queue.
     pub max_connections: usize,
     /// How long shutdown waits for in-flight requests.
@@ -296,6 +332,8 @@ impl Default for GatewayConfig {
             key_ttl: secs(24 * 3600),
             lease: secs(30),
             upstream_timeout: secs(20),
+            upstream_deadline: secs(300),
+            on_unknown: OnUnknown::Hold,
             max_request_body: ByteSize(1 << 20),
             max_stored_response: ByteSize(1 << 20),
             fail_mode: FailMode::Closed,
@@ -309,6 +347,10 @@ impl Default for GatewayConfig {
             release_statuses: crate::idempotency::StatusPolicy::default().release,
             store_timeout: secs(2),
             header_read_timeout: secs(10),
+            request_body_timeout: secs(30),
+            idle_timeout: secs(60),
+            max_streams_per_connection: 100,
+            connection_body_budget: ByteSize(4 << 20),
             max_connections: 10_000,
             shutdown_grace: secs(25),
         }
@@ -345,6 +387,13 @@ pub struct RouteConfig {
     /// Overrides `gateway.release_statuses` for this route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_statuses: Option<Vec<u16>>,
+    /// Overrides `gateway.on_unknown` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unknown: Option<OnUnknown>,
+    /// How long an idle keep-alive connection to the upstream is kept;
+    /// keep it below the upstream's own keep-alive timeout.
+    #[serde(default = "default_pool_idle_timeout")]
+    pub pool_idle_timeout: ConfigDuration,
 }
 
 fn default_prefix() -> String {
@@ -353,6 +402,10 @@ fn default_prefix() -> String {
 
 fn default_methods() -> Vec<String> {
     vec!["POST".into(), "PATCH".into()]
+}
+
+fn default_pool_idle_timeout() -> ConfigDuration {
+    ConfigDuration(DEFAULT_POOL_IDLE_TIMEOUT)
 }
 
 fn default_max_connections() -> usize {
@@ -480,6 +533,8 @@ impl Config {
                 ca_file: None,
                 max_connections: default_max_connections(),
                 release_statuses: None,
+                on_unknown: None,
+                pool_idle_timeout: default_pool_idle_timeout(),
             });
         }
         Ok(())
@@ -508,11 +563,37 @@ impl Config {
                 g.key_ttl, g.lease
             ));
         }
-        if g.upstream_timeout.0 >= g.lease.0 {
-            warnings.push(format!(
-                "gateway.upstream_timeout = {} is not shorter than gateway.lease = {}: a slow upstream is then protected only by lease renewal, and a store outage during the call could let a retry run it again",
-                g.upstream_timeout, g.lease
+        if g.upstream_deadline.0 < g.upstream_timeout.0 {
+            return invalid(format!(
+                "gateway.upstream_deadline = {} must not be shorter than gateway.upstream_timeout = {}",
+                g.upstream_deadline, g.upstream_timeout
             ));
+        }
+        let releasing = std::iter::once(("gateway", g.on_unknown))
+            .chain(self.routes.iter().filter_map(|r| Some((r.name.as_str(), r.on_unknown?))))
+            .filter(|(_, on_unknown)| *on_unknown == OnUnknown::Release);
+        for (name, _) in releasing {
+            warnings.push(format!(
+                "{name}: on_unknown = \"release\" lets a retry run again a request whose outcome was lost (sent, then no answer): safe only if the upstream deduplicates on the forwarded Idempotency-Key"
+            ));
+        }
+        if g.connection_body_budget.0 < g.max_request_body.0 {
+            return invalid(format!(
+                "gateway.connection_body_budget = {} must be at least gateway.max_request_body = {}",
+                g.connection_body_budget, g.max_request_body
+            ));
+        }
+        if g.max_streams_per_connection == 0 {
+            return invalid("gateway.max_streams_per_connection must be at least 1".into());
+        }
+        for (name, value) in [
+            ("header_read_timeout", g.header_read_timeout),
+            ("request_body_timeout", g.request_body_timeout),
+            ("idle_timeout", g.idle_timeout),
+        ] {
+            if value.0.is_zero() {
+                return invalid(format!("gateway.{name} must be more than 0s"));
+            }
         }
         if self.store_encryption.keys.is_some() {
             self.store_encryption.sealer().map_err(ConfigError::Invalid)?;

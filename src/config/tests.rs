@@ -98,11 +98,21 @@ fn typos_and_bad_values_are_errors_that_name_the_field() {
 }
 
 #[test]
-fn a_timeout_not_shorter_than_the_lease_is_a_warning() {
-    let config = load("[gateway]\nlease = \"5s\"\nupstream_timeout = \"10s\"\n", &[], &Overrides::default()).unwrap();
-    let warnings = config.validate().unwrap();
-    assert_eq!(warnings.len(), 1);
-    assert!(warnings[0].contains("upstream_timeout"));
+fn limits_that_contradict_each_other_are_refused() {
+    let err = load("[gateway]\nupstream_timeout = \"10s\"\nupstream_deadline = \"5s\"\n", &[], &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("upstream_deadline"), "{err}");
+    let err =
+        load("[gateway]\nmax_request_body = \"2MiB\"\nconnection_body_budget = \"1MiB\"\n", &[], &Overrides::default())
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("connection_body_budget"), "{err}");
+    let err = load("[gateway]\nidle_timeout = \"0s\"\n", &[], &Overrides::default()).unwrap_err().to_string();
+    assert!(err.contains("idle_timeout"), "{err}");
+    let on_unknown = "[[routes]]\nname = \"a\"\nupstream = \"http://127.0.0.1:1\"\non_unknown = \"release\"\n";
+    let config = load(on_unknown, &[], &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].on_unknown, Some(crate::config::OnUnknown::Release));
 }
 
 #[test]

@@ -14,9 +14,11 @@
 //! every error the gateway itself produces.
 
 pub mod body;
+pub mod connection;
 mod guard;
 pub mod headers;
 pub mod problem;
+pub mod request_body;
 pub mod routes;
 pub mod server;
 pub mod tls;
@@ -35,9 +37,10 @@ use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, Tenant
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use body::{ResponseBody, boxed};
+use connection::ConnectionInfo;
 use problem::Problem;
+use request_body::Paced;
 use routes::{Route, RouteTable};
-use upstream::ClientInfo;
 
 /// What happened to a request; logged once per request (and counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +65,15 @@ pub enum Outcome {
     StoreError,
     /// The store failed and the request was forwarded unguarded.
     FailOpen,
-    /// The upstream failed; the key was released (`502`/`504`).
+    /// The upstream failed (`502`); the key was released, or completed
+    /// without a body when the upstream's status said it acted.
     UpstreamError,
+    /// The client's wait ran out (`504`); the attempt goes on in the background.
+    TimedOut,
+    /// The request was sent and its outcome lost (`502 outcome-unknown`).
+    Unknown,
+    /// A retry of a request whose outcome is unknown (`502`, nothing forwarded).
+    Held,
     /// Completed before, but too large to replay (`410`).
     NotReplayable,
     /// The request body was over the limit or unreadable.
@@ -87,6 +97,9 @@ impl Outcome {
             Self::StoreError => "store-error",
             Self::FailOpen => "fail-open",
             Self::UpstreamError => "upstream-error",
+            Self::TimedOut => "timed-out",
+            Self::Unknown => "unknown",
+            Self::Held => "held",
             Self::NotReplayable => "not-replayable",
             Self::BadBody => "bad-body",
             Self::NoRoute => "no-route",
@@ -101,8 +114,12 @@ pub struct Policy {
     pub key_ttl: Duration,
     /// Lease of an in-flight attempt.
     pub lease: Duration,
-    /// Limit on one upstream call.
+    /// How long a client waits for its upstream answer.
     pub upstream_timeout: Duration,
+    /// How long a guarded attempt may run before its outcome counts as unknown.
+    pub upstream_deadline: Duration,
+    /// Limit on receiving a request body (whole when guarded, per chunk when streamed).
+    pub request_body_timeout: Duration,
     /// Largest accepted request body.
     pub max_request_body: u64,
     /// Largest response kept for replay.
@@ -137,7 +154,11 @@ impl<S: Store> Gateway<S> {
     pub fn new(config: &Config, store: S, metrics: Arc<Metrics>) -> Result<Self, String> {
         let g = &config.gateway;
         let header = |name: &String| HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"));
-        let routes = RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() })?;
+        let routes = RouteTable::from_config(
+            &config.routes,
+            &StatusPolicy { release: g.release_statuses.clone() },
+            g.on_unknown,
+        )?;
         let tenant = match (&g.tenant.from, &g.tenant.header, &g.tenant.fixed) {
             (_, Some(name), _) => TenantSource::Header(header(name)?),
             (_, _, Some(fixed)) => TenantSource::Fixed(fixed.clone()),
@@ -150,6 +171,8 @@ impl<S: Store> Gateway<S> {
                 key_ttl: g.key_ttl.0,
                 lease: g.lease.0,
                 upstream_timeout: g.upstream_timeout.0,
+                upstream_deadline: g.upstream_deadline.0,
+                request_body_timeout: g.request_body_timeout.0,
                 max_request_body: g.max_request_body.0,
                 max_stored_response: g.max_stored_response.bytes(),
                 fail_mode: g.fail_mode,
@@ -189,13 +212,17 @@ impl<S: Store> Gateway<S> {
         &self.tasks
     }
 
-    /// Handles one client request.
-    pub async fn handle(self: &Arc<Self>, request: Request<Incoming>, client: ClientInfo) -> Response<ResponseBody> {
+    /// Handles one client request that arrived on `connection`.
+    pub async fn handle(
+        self: &Arc<Self>,
+        request: Request<Incoming>,
+        connection: &ConnectionInfo,
+    ) -> Response<ResponseBody> {
         let started = Instant::now();
         let Some(route) = self.routes.find(request.uri().path()) else {
             return self.log(None, Outcome::NoRoute, None, started, Problem::NoRoute.to_response());
         };
-        let (outcome, scoped, response) = self.dispatch(route, request, client).await;
+        let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
         self.log(Some(route), outcome, scoped, started, response)
     }
 
@@ -203,31 +230,34 @@ impl<S: Store> Gateway<S> {
         self: &Arc<Self>,
         route: &Arc<Route>,
         request: Request<Incoming>,
-        client: ClientInfo,
+        connection: &ConnectionInfo,
     ) -> (Outcome, Option<String>, Response<ResponseBody>) {
         if !route.guards(request.method()) {
-            return (Outcome::Passthrough, None, self.passthrough(route, request, client).await);
+            return (Outcome::Passthrough, None, self.passthrough(route, request, connection).await);
         }
         match IdempotencyKey::from_headers(request.headers()) {
             // Boxed: the guarded future is several kilobytes, and hyper keeps
             // a connection's in-flight future inline, so every request (and
             // every idle connection) would carry and copy it.
-            Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, client)).await,
+            Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,
             Ok(None) if route.require_key => (Outcome::MissingKey, None, Problem::MissingKey.to_response()),
-            Ok(None) => (Outcome::Passthrough, None, self.passthrough(route, request, client).await),
+            Ok(None) => (Outcome::Passthrough, None, self.passthrough(route, request, connection).await),
             Err(e) => (Outcome::InvalidKey, None, Problem::InvalidKey(e).to_response()),
         }
     }
 
-    /// Forwards without touching the store, streaming both bodies.
+    /// Forwards without touching the store, streaming both bodies; a
+    /// client that stalls its body longer than `request_body_timeout`
+    /// between two chunks ends the upstream request.
     async fn passthrough(
         &self,
         route: &Route,
         request: Request<Incoming>,
-        client: ClientInfo,
+        connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
-        let request = match upstream::rewrite(route, parts, boxed(body), &client, None) {
+        let body = boxed(Paced::new(body, self.policy.request_body_timeout));
+        let request = match upstream::rewrite(route, parts, body, &connection.client, None) {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
@@ -235,7 +265,10 @@ impl<S: Store> Gateway<S> {
             }
         };
         let sent = Instant::now();
-        let result = route.upstream.send(request, self.policy.upstream_timeout).await;
+        let timeout = self.policy.upstream_timeout;
+        let result = tokio::time::timeout(timeout, route.upstream.send(request, timeout))
+            .await
+            .unwrap_or(Err(upstream::UpstreamError::TimedOut(timeout)));
         self.metrics.upstream_latency.with_label_values(&[route.name.as_str()]).observe(sent.elapsed().as_secs_f64());
         match result {
             Ok(response) => {
@@ -245,8 +278,7 @@ impl<S: Store> Gateway<S> {
             }
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "upstream failed");
-                Problem::UpstreamUnavailable { timed_out: matches!(e, upstream::UpstreamError::TimedOut(_)) }
-                    .to_response()
+                guard::unguarded_problem(&e)
             }
         }
     }

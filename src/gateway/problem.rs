@@ -37,13 +37,27 @@ pub enum Problem {
         /// The limit in bytes.
         limit: u64,
     },
-    /// The request body could not be read.
+    /// The request body broke off or was malformed.
     BadRequestBody,
-    /// The upstream could not be reached or did not answer in time.
+    /// The request body did not arrive within `request_body_timeout`.
+    BodyTimeout,
+    /// The upstream failed and nothing was stored.
     UpstreamUnavailable {
-        /// `true` when the upstream timed out rather than failed.
-        timed_out: bool,
+        /// `false` when the request provably never reached the upstream.
+        sent: bool,
     },
+    /// The upstream did not answer within `upstream_timeout`.
+    UpstreamTimeout {
+        /// `true` for a guarded attempt, which goes on in the background.
+        still_running: bool,
+    },
+    /// The request was sent and its outcome was lost.
+    OutcomeUnknown {
+        /// `true` when the key is held (`on_unknown = "hold"`).
+        held: bool,
+    },
+    /// The upstream acted (its status says so), then its response broke off.
+    ResponseIncomplete,
     /// The key completed, but its response was too large to keep.
     ResponseNotReplayable,
     /// No route matches the request path.
@@ -76,7 +90,11 @@ impl Problem {
             Self::StoreUnavailable => "store-unavailable",
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::BadRequestBody => "bad-request-body",
+            Self::BodyTimeout => "request-body-timeout",
             Self::UpstreamUnavailable { .. } => "upstream-unavailable",
+            Self::UpstreamTimeout { .. } => "upstream-timeout",
+            Self::OutcomeUnknown { .. } => "outcome-unknown",
+            Self::ResponseIncomplete => "response-incomplete",
             Self::ResponseNotReplayable => "response-not-replayable",
             Self::NoRoute => "no-route",
             Self::Unauthorized => "unauthorized",
@@ -97,8 +115,11 @@ impl Problem {
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UpstreamUnavailable { timed_out: false } => StatusCode::BAD_GATEWAY,
-            Self::UpstreamUnavailable { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::UpstreamUnavailable { .. } | Self::OutcomeUnknown { .. } | Self::ResponseIncomplete => {
+                StatusCode::BAD_GATEWAY
+            }
+            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             // Not 409 or 5xx: clients must not retry it automatically, since
             // the upstream did act and a retry can never get the response.
             Self::ResponseNotReplayable => StatusCode::GONE,
@@ -121,7 +142,11 @@ impl Problem {
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::BadRequestBody => "Request body could not be read",
+            Self::BodyTimeout => "Request body too slow",
             Self::UpstreamUnavailable { .. } => "Upstream unavailable",
+            Self::UpstreamTimeout { .. } => "Upstream timeout",
+            Self::OutcomeUnknown { .. } => "Outcome unknown",
+            Self::ResponseIncomplete => "Upstream response incomplete",
             Self::ResponseNotReplayable => "Response not replayable",
             Self::NoRoute => "No route",
             Self::Unauthorized => "Unauthorized",
@@ -142,9 +167,15 @@ impl Problem {
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
-            Self::BadRequestBody => "The request body ended early or was malformed. It was not forwarded.".into(),
-            Self::UpstreamUnavailable { timed_out: true } => "The upstream did not answer in time. The key was released; retrying with the same key runs the request again.".into(),
-            Self::UpstreamUnavailable { timed_out: false } => "The upstream could not be reached or closed the connection. The key was released; retrying with the same key runs the request again.".into(),
+            Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),
+            Self::BodyTimeout => "The request body did not arrive in time. It was not forwarded; nothing was recorded for its key.".into(),
+            Self::UpstreamUnavailable { sent: false } => "The upstream could not be reached; the request was not sent to it. Retrying (with the same Idempotency-Key, if any) runs it.".into(),
+            Self::UpstreamUnavailable { sent: true } => "The upstream failed after the request was sent to it, with an answer that does not count as executed, and no response was stored. Retrying with the same Idempotency-Key runs the request again.".into(),
+            Self::UpstreamTimeout { still_running: true } => "The upstream did not answer in time, but the request was sent and is still running. Retry with the same Idempotency-Key: you get 409 until it finishes, then its result.".into(),
+            Self::UpstreamTimeout { still_running: false } => "The upstream did not answer in time. The request may have reached it.".into(),
+            Self::OutcomeUnknown { held: true } => "The request was sent to the upstream and the connection was lost before its answer arrived (or it ran past the gateway's deadline): it may have been executed. Nothing will be forwarded again under this Idempotency-Key until the record expires or an operator purges it; check with the upstream whether it was executed.".into(),
+            Self::OutcomeUnknown { held: false } => "The request was sent to the upstream and the connection was lost before its answer arrived: it may have been executed. This route releases such keys, so retrying with the same Idempotency-Key runs the request again.".into(),
+            Self::ResponseIncomplete => "The upstream executed the request, then its response broke off. This Idempotency-Key will not run again, and its response cannot be replayed.".into(),
             Self::ResponseNotReplayable => "The request with this key was executed, but its response was larger than the stored-response limit and cannot be replayed. It will not be executed again.".into(),
             Self::NoRoute => "No route is configured for this path.".into(),
             Self::Unauthorized => "A valid bearer token is required.".into(),

@@ -1,12 +1,14 @@
 //! The route table: path prefix → upstream and policy. First match wins.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
 
 use super::upstream::Upstream;
-use crate::config::{RouteConfig, check_upstream_url};
+use crate::config::{OnUnknown, RouteConfig, check_upstream_url};
 use crate::idempotency::StatusPolicy;
 
 /// A route compiled from its config.
@@ -26,16 +28,55 @@ pub struct Route {
     pub keep_host: bool,
     /// Which outcomes are stored.
     pub status_policy: StatusPolicy,
+    /// What a lost outcome does to the key.
+    pub on_unknown: OnUnknown,
     /// The pooled client for this route's upstream.
     pub upstream: Upstream,
+    /// Recent upstream latency, for `Retry-After` on `409`.
+    pub latency: LatencyEstimate,
+}
+
+/// A moving average of a route's upstream latency: what a `409` tells a
+/// client to wait, since the running attempt will most likely have finished
+/// by then. Lock-free; updates that race may lose one sample, which only
+/// blurs an estimate.
+#[derive(Debug, Default)]
+pub struct LatencyEstimate {
+    micros: AtomicU64,
+}
+
+impl LatencyEstimate {
+    /// Folds in one observed latency (weight 1/8, like TCP's smoothed RTT).
+    pub fn observe(&self, latency: Duration) {
+        let sample = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        let old = self.micros.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { old - old / 8 + sample / 8 };
+        self.micros.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// The current estimate (zero before the first sample).
+    pub fn get(&self) -> Duration {
+        Duration::from_micros(self.micros.load(Ordering::Relaxed))
+    }
+}
+
+impl Clone for LatencyEstimate {
+    fn clone(&self) -> Self {
+        Self { micros: AtomicU64::new(self.micros.load(Ordering::Relaxed)) }
+    }
 }
 
 impl Route {
     /// Compiles a validated route config.
-    pub fn from_config(config: &RouteConfig, default_policy: &StatusPolicy) -> Result<Self, String> {
+    pub fn from_config(
+        config: &RouteConfig,
+        default_policy: &StatusPolicy,
+        default_on_unknown: OnUnknown,
+    ) -> Result<Self, String> {
         let uri = check_upstream_url(&config.upstream)?;
-        let upstream = Upstream::new(&uri, config.ca_file.as_deref(), config.max_connections)
-            .map_err(|e| format!("route {:?}: {e}", config.name))?;
+        let upstream =
+            Upstream::new(&uri, config.ca_file.as_deref(), config.max_connections, config.pool_idle_timeout.0)
+                .map_err(|e| format!("route {:?}: {e}", config.name))?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let methods = config
             .methods
@@ -57,7 +98,9 @@ impl Route {
                 .clone()
                 .map(|release| StatusPolicy { release })
                 .unwrap_or_else(|| default_policy.clone()),
+            on_unknown: config.on_unknown.unwrap_or(default_on_unknown),
             upstream,
+            latency: LatencyEstimate::default(),
         })
     }
 
@@ -82,8 +125,16 @@ pub struct RouteTable(Vec<Arc<Route>>);
 
 impl RouteTable {
     /// Compiles every route.
-    pub fn from_config(routes: &[RouteConfig], default_policy: &StatusPolicy) -> Result<Self, String> {
-        routes.iter().map(|r| Route::from_config(r, default_policy).map(Arc::new)).collect::<Result<_, _>>().map(Self)
+    pub fn from_config(
+        routes: &[RouteConfig],
+        default_policy: &StatusPolicy,
+        default_on_unknown: OnUnknown,
+    ) -> Result<Self, String> {
+        routes
+            .iter()
+            .map(|r| Route::from_config(r, default_policy, default_on_unknown).map(Arc::new))
+            .collect::<Result<_, _>>()
+            .map(Self)
     }
 
     /// The first route whose prefix matches `path`.
@@ -112,6 +163,8 @@ mod tests {
             ca_file: None,
             max_connections: 4,
             release_statuses: None,
+            on_unknown: None,
+            pool_idle_timeout: crate::config::ConfigDuration(crate::config::DEFAULT_POOL_IDLE_TIMEOUT),
         }
     }
 
@@ -120,6 +173,7 @@ mod tests {
         let table = RouteTable::from_config(
             &[route("pay", "/v1/pay", "http://127.0.0.1:9000/api/"), route("all", "/", "http://127.0.0.1:9001")],
             &StatusPolicy::default(),
+            OnUnknown::Hold,
         )
         .unwrap();
         let pay = table.find("/v1/payments").unwrap();
@@ -127,5 +181,17 @@ mod tests {
         assert_eq!(pay.upstream_uri(&"/v1/payments?x=1".parse().unwrap()).unwrap(), "/api/v1/payments?x=1");
         assert!(pay.guards(&Method::PATCH) && !pay.guards(&Method::GET));
         assert_eq!(table.find("/other").unwrap().name, "all");
+    }
+
+    #[test]
+    fn the_latency_estimate_follows_recent_calls() {
+        let estimate = LatencyEstimate::default();
+        assert_eq!(estimate.get(), Duration::ZERO);
+        estimate.observe(Duration::from_millis(800));
+        assert_eq!(estimate.get(), Duration::from_millis(800));
+        for _ in 0..64 {
+            estimate.observe(Duration::from_millis(8));
+        }
+        assert!(estimate.get() < Duration::from_millis(10), "{:?}", estimate.get());
     }
 }

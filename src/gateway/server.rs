@@ -1,13 +1,21 @@
-//! The listener: accepts connections, serves HTTP/1.1 and h2c, shuts down
-//! gracefully.
+//! The listeners: one accept loop serves HTTP/1.1, h2c and (with a
+//! certificate) TLS for the gateway and the internal admin listeners alike,
+//! and shuts down gracefully.
 //!
-//! Bounded on every axis: at most `max_connections` open connections (the
-//! accept loop waits for a free slot, so excess clients queue in the
-//! kernel's backlog instead of costing memory), a header read timeout
-//! against slow clients, and a shutdown grace period. On shutdown the
-//! listener closes, open connections finish their current requests, and
-//! upstream attempts already running are awaited so their records are
-//! completed or released rather than left in flight.
+//! Bounded on every axis:
+//! - at most `max_connections` open connections (the accept loop waits for a
+//!   free slot, so excess clients queue in the kernel's backlog instead of
+//!   costing memory);
+//! - a TLS handshake, a new connection's first request and every HTTP/1.1
+//!   request's headers within `header_read_timeout`; a connection with no
+//!   request in flight for `idle_timeout` is closed ([`super::connection`]);
+//! - at most `max_streams_per_connection` concurrent HTTP/2 streams, and
+//!   `connection_body_budget` bytes of request bodies buffered per
+//!   connection ([`super::request_body`]);
+//! - a shutdown grace period: on shutdown the listener closes, open
+//!   connections finish their current requests (idle ones close at once),
+//!   and the gateway then awaits its upstream attempts so their records are
+//!   settled rather than left in flight.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,30 +24,55 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::Gateway;
+use super::body::{BoxError, ResponseBody};
+use super::connection::{Activity, ConnectionInfo};
+use super::request_body::BodyBudget;
 use super::upstream::ClientInfo;
 use crate::store::Store;
 
-/// Limits of the listener.
+/// Limits of a listener.
 #[derive(Debug, Clone)]
 pub struct ServerLimits {
     /// Open connections at most.
     pub max_connections: usize,
-    /// Time allowed for a client to send its request headers.
+    /// Time allowed for a TLS handshake, a new connection's first request
+    /// head, and each HTTP/1.1 request's headers.
     pub header_read_timeout: Duration,
+    /// A connection with no request in flight this long is closed.
+    pub idle_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_streams_per_connection: u32,
+    /// Request-body bytes one connection may hold buffered at once.
+    pub connection_body_budget: u64,
     /// Time allowed for in-flight work after shutdown starts.
     pub shutdown_grace: Duration,
 }
 
-/// Serves the gateway on `listener` until `shutdown` resolves, then drains.
-/// With `tls`, every connection is a TLS handshake first (bounded by the
-/// header read timeout), then h2 or HTTP/1.1 as ALPN chose.
+impl ServerLimits {
+    /// Limits for an internal listener (admin, relay admin, demo): small
+    /// requests from few clients, no drain worth waiting for.
+    pub fn internal() -> Self {
+        Self {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_streams_per_connection: 16,
+            connection_body_budget: 1 << 20,
+            shutdown_grace: Duration::ZERO,
+        }
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains
+/// connections and upstream attempts.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     gateway: Arc<Gateway<S>>,
@@ -47,68 +80,142 @@ pub async fn serve<S: Store>(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(256);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { break };
-        let (stream, addr) = tokio::select! {
-            accepted = accept(&listener, "gateway") => accepted,
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let client = ClientInfo::new(addr, tls.is_some());
-        let gateway = gateway.clone();
-        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-            let gateway = gateway.clone();
-            let client = client.clone();
-            async move { Ok::<_, std::convert::Infallible>(gateway.handle(request, client).await) }
-        });
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tls = tls.clone();
-        let handshake_timeout = limits.header_read_timeout;
-        tokio::spawn(async move {
-            let result = match tls {
-                None => {
-                    watcher
-                        .watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned())
-                        .await
-                }
-                Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        watcher
-                            .watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned())
-                            .await
-                    }
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(_) => Err("TLS handshake timed out".into()),
-                },
-            };
-            if let Err(e) = result {
-                tracing::debug!(client = %addr, error = %e, "connection ended with an error");
-            }
-            drop(slot);
-        });
-    }
-    drop(listener);
-    tracing::info!("shutting down: draining connections and upstream attempts");
-    let grace = limits.shutdown_grace;
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(?grace, "connections still open after the grace period; closing them");
-    }
+    let handler = gateway.clone();
+    let handle = move |request, connection: Arc<ConnectionInfo>| {
+        let gateway = handler.clone();
+        async move { gateway.handle(request, &connection).await }
+    };
+    serve_listener(listener, "gateway", &limits, tls, handle, shutdown).await;
     gateway.tasks().close();
+    let grace = limits.shutdown_grace;
     if tokio::time::timeout(grace, gateway.tasks().wait()).await.is_err() {
         tracing::warn!("upstream attempts still running after the grace period; their leases will expire");
     }
 }
 
+/// The one accept loop: serves `handle` on every connection of `listener`
+/// under `limits` until `shutdown` resolves, then lets open connections
+/// finish their requests for up to `limits.shutdown_grace`.
+pub(crate) async fn serve_listener<F, Fut>(
+    listener: TcpListener,
+    name: &'static str,
+    limits: &ServerLimits,
+    tls: Option<TlsAcceptor>,
+    handle: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(hyper::Request<Incoming>, Arc<ConnectionInfo>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let closing = CancellationToken::new();
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { break };
+        let (stream, addr) = tokio::select! {
+            accepted = accept(&listener, name) => accepted,
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Arc::new(ConnectionInfo {
+            client: ClientInfo::new(addr, tls.is_some()),
+            body_budget: BodyBudget::new(limits.connection_body_budget),
+        });
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let activity = activity.clone();
+            let handle = handle.clone();
+            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let in_flight = activity.begin();
+                let response = handle(request, connection.clone());
+                async move {
+                    let response = response.await;
+                    drop(in_flight);
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            })
+        };
+        let builder = builder.clone();
+        let tls = tls.clone();
+        let closing = closing.clone();
+        let limits = limits.clone();
+        connections.spawn(async move {
+            let served = match tls {
+                None => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
+                Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+                {
+                    Ok(Ok(stream)) => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(_) => Err("TLS handshake timed out".into()),
+                },
+            };
+            if let Err(e) = served {
+                tracing::debug!(listener = name, client = %addr, error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if limits.shutdown_grace.is_zero() {
+        return;
+    }
+    tracing::info!(listener = name, "shutting down: draining connections");
+    closing.cancel();
+    connections.close();
+    let grace = limits.shutdown_grace;
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+        tracing::warn!(listener = name, ?grace, "connections still open after the grace period; closing them");
+    }
+}
+
+/// Serves one connection until it ends, closing it gracefully once it has
+/// been idle too long or the listener shuts down.
+async fn serve_connection<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    activity: &Activity,
+    limits: &ServerLimits,
+    closing: &CancellationToken,
+) -> Result<(), BoxError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = hyper::Response<ResponseBody>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
+    tokio::pin!(idle);
+    let mut closing_down = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => return served,
+            () = &mut idle, if !closing_down => {
+                closing_down = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = closing.cancelled(), if !closing_down => {
+                closing_down = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
 /// The next connection. An accept error (EMFILE and friends) is logged and
 /// backed off from instead of spinning.
-pub(crate) async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(accepted) => return accepted,
@@ -120,8 +227,8 @@ pub(crate) async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, So
     }
 }
 
-/// Serves an internal listener (admin, relay admin): plain HTTP, one
-/// `handle` call per request, until `shutdown` resolves.
+/// Serves an internal listener (admin, relay admin, demo): one `handle`
+/// call per request, under [`ServerLimits::internal`], until `shutdown`.
 pub(crate) async fn serve_internal<F, Fut>(
     listener: TcpListener,
     name: &'static str,
@@ -129,23 +236,10 @@ pub(crate) async fn serve_internal<F, Fut>(
     shutdown: impl Future<Output = ()>,
 ) where
     F: Fn(hyper::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = hyper::Response<super::body::ResponseBody>> + Send + 'static,
+    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
 {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = accept(&listener, name) => accepted,
-            () = &mut shutdown => return,
-        };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let response = handle(request);
-                async move { Ok::<_, std::convert::Infallible>(response.await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+    let handle = move |request, _: Arc<ConnectionInfo>| handle(request);
+    serve_listener(listener, name, &ServerLimits::internal(), None, handle, shutdown).await;
 }
 
 /// Binds a listener, with a clear error.

@@ -42,28 +42,44 @@ use super::headers::strip_hop_by_hop;
 use super::routes::Route;
 use crate::idempotency::key::IDEMPOTENCY_KEY;
 
-/// Why a forward failed before a response head arrived.
+/// Why a forward failed. Each variant says whether the request can have
+/// reached the upstream ([`UpstreamError::may_have_been_sent`]): the guard
+/// releases a key only when it provably did not.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    /// No connection could be opened (refused, DNS, TLS handshake).
+    /// No connection could be opened (refused, DNS, TLS handshake): nothing was sent.
     #[error("cannot connect to the upstream: {0}")]
     Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The request failed on an open connection (reset, malformed response).
-    #[error("upstream request failed: {0}")]
-    Failed(#[source] hyper::Error),
-    /// The response body broke off.
-    #[error("upstream response body failed: {0}")]
+    /// Every connection slot stayed busy for the whole wait: nothing was sent.
+    #[error("no upstream connection became free within {0:?}")]
+    NoConnection(Duration),
+    /// The connection failed before the request was written: nothing was sent.
+    #[error("the upstream connection failed before the request was sent: {0}")]
+    NotSent(#[source] hyper::Error),
+    /// The connection failed after (part of) the request was written and
+    /// before a whole response head came back: the upstream may have acted.
+    #[error("the upstream connection was lost after the request was sent: {0}")]
+    Lost(#[source] hyper::Error),
+    /// The response body broke off after its head.
+    #[error("the upstream response body broke off: {0}")]
     Body(#[source] hyper::Error),
-    /// No response (head and stored body) within the timeout.
-    #[error("upstream did not answer within {0:?}")]
+    /// No response within the time allowed; the request may have been sent.
+    #[error("the upstream did not answer within {0:?}")]
     TimedOut(Duration),
-    /// The rewritten request could not be built (a bad path, say).
+    /// The rewritten request could not be built (a bad path, say): nothing was sent.
     #[error("cannot build upstream request: {0}")]
     Build(#[source] http::Error),
 }
 
-/// How long an unused keep-alive connection is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+impl UpstreamError {
+    /// `false` only when the request provably never reached the upstream.
+    pub fn may_have_been_sent(&self) -> bool {
+        match self {
+            Self::Connect(_) | Self::NoConnection(_) | Self::NotSent(_) | Self::Build(_) => false,
+            Self::Lost(_) | Self::Body(_) | Self::TimedOut(_) => true,
+        }
+    }
+}
 
 /// Connections per upstream unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
@@ -91,6 +107,8 @@ struct Pool {
     slots: Arc<Semaphore>,
     /// Idle connections, most recently used last.
     idle: Mutex<VecDeque<Idle>>,
+    /// How long an idle connection is kept.
+    idle_timeout: Duration,
 }
 
 struct Idle {
@@ -101,8 +119,13 @@ struct Idle {
 impl Upstream {
     /// A client for `origin` (its scheme and authority; any path is ignored)
     /// trusting the bundled roots plus `extra_ca`, with at most
-    /// `max_connections` connections open.
-    pub fn new(origin: &Uri, extra_ca: Option<&Path>, max_connections: usize) -> Result<Self, String> {
+    /// `max_connections` connections open, each kept idle at most `idle_timeout`.
+    pub fn new(
+        origin: &Uri,
+        extra_ca: Option<&Path>,
+        max_connections: usize,
+        idle_timeout: Duration,
+    ) -> Result<Self, String> {
         let (Some(scheme), Some(authority)) = (origin.scheme(), origin.authority()) else {
             return Err(format!("{origin}: an upstream needs a scheme and a host"));
         };
@@ -124,17 +147,21 @@ impl Upstream {
             host,
             slots: Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             idle: Mutex::new(VecDeque::new()),
+            idle_timeout,
         };
         Ok(Self { pool: Arc::new(pool) })
     }
 
     /// Sends a request to this upstream and waits for the response head.
-    /// The request's URI may be absolute (its path and query are sent) or
-    /// origin-form; a request without `Host` gets the upstream's authority.
+    /// `wait` bounds getting a connection (a free slot, then dialling);
+    /// the wait for the response head is the caller's to bound, since only
+    /// the caller knows what a late answer means. The request's URI may be
+    /// absolute (its path and query are sent) or origin-form; a request
+    /// without `Host` gets the upstream's authority.
     pub async fn send(
         &self,
         mut request: Request<ResponseBody>,
-        timeout: Duration,
+        wait: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         if request.uri().authority().is_some() {
             let path = request.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -143,10 +170,7 @@ impl Upstream {
         if !request.headers().contains_key(header::HOST) {
             request.headers_mut().insert(header::HOST, self.pool.host.clone());
         }
-        match tokio::time::timeout(timeout, self.pool.clone().send(request)).await {
-            Ok(result) => result,
-            Err(_) => Err(UpstreamError::TimedOut(timeout)),
-        }
+        self.pool.clone().send(request, wait).await
     }
 }
 
@@ -154,15 +178,23 @@ impl Pool {
     async fn send(
         self: Arc<Self>,
         mut request: Request<ResponseBody>,
+        wait: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let slot = self.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
+        let waited_until = Instant::now() + wait;
+        let slot = tokio::time::timeout_at(waited_until.into(), self.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| UpstreamError::NoConnection(wait))?
+            .expect("the slot semaphore is never closed");
         loop {
             let (mut sender, pooled) = match self.checkout() {
                 Some(sender) => (sender, true),
                 // Boxed: connecting is rare, and its future (DNS, TCP, TLS)
                 // would otherwise size every request's future, and with it
                 // every connection's in-flight slot in hyper.
-                None => (Box::pin(self.connect()).await?, false),
+                None => match tokio::time::timeout_at(waited_until.into(), Box::pin(self.connect())).await {
+                    Ok(connected) => (connected?, false),
+                    Err(_) => return Err(UpstreamError::NoConnection(wait)),
+                },
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
@@ -176,11 +208,14 @@ impl Pool {
                     };
                     return Ok(Response::from_parts(head, body));
                 }
+                // hyper hands the request back only when none of it was
+                // written: nothing reached the upstream. A pooled connection
+                // closed while idle is retried on another; a fresh one that
+                // failed so early is reported as not sent.
                 Err(mut error) => match error.take_message() {
-                    // The pooled connection was closed before the request
-                    // left: nothing reached the upstream, so try another.
                     Some(unsent) if pooled => request = unsent,
-                    _ => return Err(UpstreamError::Failed(error.into_error())),
+                    Some(_) => return Err(UpstreamError::NotSent(error.into_error())),
+                    None => return Err(UpstreamError::Lost(error.into_error())),
                 },
             }
         }
@@ -190,7 +225,7 @@ impl Pool {
     fn checkout(&self) -> Option<SendRequest<ResponseBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(entry) = idle.pop_back() {
-            if entry.sender.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
+            if entry.sender.is_ready() && entry.since.elapsed() < self.idle_timeout {
                 return Some(entry.sender);
             }
         }
@@ -211,7 +246,7 @@ impl Pool {
     fn put(&self, sender: SendRequest<ResponseBody>) {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // The oldest connections sit at the front; let the stale ones go.
-        while idle.front().is_some_and(|entry| entry.since.elapsed() >= IDLE_TIMEOUT) {
+        while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
             idle.pop_front();
         }
         idle.push_back(Idle { sender, since: Instant::now() });

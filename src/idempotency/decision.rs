@@ -8,6 +8,7 @@
 //! | in flight, expired     | same fingerprint     | [`Decision::TakeOver`]   |
 //! | completed with body    | same fingerprint     | [`Decision::Replay`]     |
 //! | completed, body too big| same fingerprint     | [`Decision::NotReplayable`] |
+//! | outcome unknown        | same fingerprint     | [`Decision::OutcomeUnknown`] |
 //!
 //! The memory store applies this function under its lock; the Redis and
 //! Postgres stores mirror it in one script or statement each, and the shared
@@ -36,6 +37,8 @@ pub enum Decision<'a> {
     Replay(&'a StoredResponse),
     /// Completed, but the response was too large to keep.
     NotReplayable,
+    /// The first attempt's outcome is unknown: `502`, nothing forwarded.
+    OutcomeUnknown,
 }
 
 /// Applies the table.
@@ -51,6 +54,7 @@ pub fn decide<'a>(record: Option<&'a Record>, fingerprint: &Fingerprint) -> Deci
         Record::InFlight { lease_remaining, .. } => Decision::InFlight { retry_after: *lease_remaining },
         Record::Completed { response: Some(response), .. } => Decision::Replay(response),
         Record::Completed { response: None, .. } => Decision::NotReplayable,
+        Record::Unknown { .. } => Decision::OutcomeUnknown,
     }
 }
 
@@ -105,6 +109,8 @@ mod tests {
         let done = completed(FP, Some("ok"));
         assert!(matches!(decide(Some(&done), &FP), Decision::Replay(r) if r.body == "ok"));
         assert_eq!(decide(Some(&completed(FP, None)), &FP), Decision::NotReplayable);
+        assert_eq!(decide(Some(&Record::Unknown { fingerprint: FP }), &FP), Decision::OutcomeUnknown);
+        assert_eq!(decide(Some(&Record::Unknown { fingerprint: OTHER }), &FP), Decision::Mismatch);
     }
 
     #[test]

@@ -17,5 +17,5 @@ pub mod scope;
 pub use decision::{Decision, StatusPolicy, decide};
 pub use fingerprint::{Fingerprint, FingerprintPolicy};
 pub use key::{IdempotencyKey, KeyError};
-pub use record::{Fence, Record, StoredResponse};
+pub use record::{Completion, Fence, Record, StoredResponse};
 pub use scope::{ScopedKey, Tenant, TenantError, TenantSource};

@@ -42,14 +42,42 @@ pub enum Record {
         /// The response, or `None` when it was larger than the stored-response cap.
         response: Option<StoredResponse>,
     },
+    /// The request was written to the upstream and its outcome was lost (the
+    /// connection died before a response head, or the upstream deadline
+    /// passed). The upstream may have acted, so the key is held: nothing is
+    /// forwarded again until the record expires or an operator purges it.
+    Unknown {
+        /// Fingerprint of the request whose outcome is unknown.
+        fingerprint: Fingerprint,
+    },
 }
 
 impl Record {
     /// The fingerprint of the request that created the record.
     pub fn fingerprint(&self) -> &Fingerprint {
         match self {
-            Self::InFlight { fingerprint, .. } | Self::Completed { fingerprint, .. } => fingerprint,
+            Self::InFlight { fingerprint, .. }
+            | Self::Completed { fingerprint, .. }
+            | Self::Unknown { fingerprint } => fingerprint,
         }
+    }
+}
+
+/// How an attempt ends a record (see [`crate::store::Store::complete`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion<'a> {
+    /// The upstream acted and this is its response, kept for replay.
+    Response(&'a StoredResponse),
+    /// The upstream acted, but its response was too large to keep.
+    NotKept,
+    /// Nobody knows whether the upstream acted: hold the key.
+    Unknown,
+}
+
+impl<'a> Completion<'a> {
+    /// `Response(r)` for `Some(r)`, `NotKept` for `None`.
+    pub fn from_response(response: Option<&'a StoredResponse>) -> Self {
+        response.map_or(Self::NotKept, Self::Response)
     }
 }
 

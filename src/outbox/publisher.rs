@@ -24,7 +24,7 @@ use http_body_util::BodyExt;
 
 use super::claim::Claimed;
 use super::retry::{Class, classify_status, parse_retry_after};
-use crate::config::DestinationConfig;
+use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig};
 use crate::gateway::body::full;
 use crate::gateway::upstream::{DEFAULT_MAX_CONNECTIONS, Upstream};
 use crate::idempotency::key::IDEMPOTENCY_KEY;
@@ -95,7 +95,9 @@ impl HttpPublisher {
                 let value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
                 headers.append(header, value);
             }
-            let client = Upstream::new(&uri, config.ca_file.as_deref(), DEFAULT_MAX_CONNECTIONS).map_err(invalid)?;
+            let client =
+                Upstream::new(&uri, config.ca_file.as_deref(), DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT)
+                    .map_err(invalid)?;
             destinations
                 .insert(name.clone(), HttpDestination { uri, method, headers, timeout: config.timeout.0, client });
         }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ByteSize;
-use crate::idempotency::{Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
+use crate::idempotency::{Completion, Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
 
 const SHARDS: usize = 64;
 
@@ -62,6 +62,7 @@ struct Entry {
 enum State {
     InFlight { fence: Fence },
     Completed { response: Option<StoredResponse> },
+    Unknown,
 }
 
 impl Entry {
@@ -82,6 +83,7 @@ impl Entry {
             State::Completed { response } => {
                 Record::Completed { fingerprint: self.fingerprint, response: response.clone() }
             }
+            State::Unknown => Record::Unknown { fingerprint: self.fingerprint },
         }
     }
 }
@@ -238,7 +240,7 @@ impl Store for MemoryStore {
         &self,
         key: &ScopedKey,
         fence: Fence,
-        response: Option<&StoredResponse>,
+        completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
@@ -246,6 +248,16 @@ impl Store for MemoryStore {
         if shard.held(key, fence, now).is_none() {
             return Ok(false);
         }
+        let response = match completion {
+            Completion::Response(response) => Some(response),
+            Completion::NotKept => None,
+            Completion::Unknown => {
+                let Some(entry) = shard.map.get_mut(key) else { return Ok(false) };
+                entry.state = State::Unknown;
+                entry.expires_at = now + ttl;
+                return Ok(true);
+            }
+        };
         let size = response.map_or(0, StoredResponse::size);
         if shard.bytes + size > self.bytes_per_shard {
             shard.sweep(now, Duration::ZERO);
@@ -331,7 +343,7 @@ mod tests {
         let fp = Fingerprint([1; 32]);
         store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
         let big = StoredResponse { status: 200, headers: vec![], body: vec![b'x'; 2000].into() };
-        assert!(store.complete(&key(0), Fence(1), Some(&big), TTL).await.unwrap());
+        assert!(store.complete(&key(0), Fence(1), Completion::Response(&big), TTL).await.unwrap());
         assert_eq!(store.get(&key(0)).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
     }
 
@@ -357,7 +369,7 @@ mod tests {
         // (its retry is a takeover) but drops an expired completed record.
         let done = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
         done.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
-        assert!(done.complete(&key(0), Fence(1), None, Duration::ZERO).await.unwrap());
+        assert!(done.complete(&key(0), Fence(1), Completion::NotKept, Duration::ZERO).await.unwrap());
         done.try_begin(&key(64), &fp, Fence(2), Duration::ZERO).await.unwrap();
         let mut shard = done.shard(&key(0));
         shard.sweep(Instant::now(), Duration::from_secs(60));

@@ -10,8 +10,8 @@
 //! - [`Store::renew`], [`Store::complete`] and [`Store::release`] are
 //!   **fenced**: they change the record only while it is in flight under
 //!   the caller's [`Fence`], and report whether they did.
-//! - An in-flight record expires when its lease ends; a completed one
-//!   `ttl` after completion. An expired record is the same as no record.
+//! - An in-flight record expires when its lease ends; a completed or
+//!   unknown one `ttl` after completion. An expired record is the same as no record.
 //! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
 //!   gateways with skewed clocks still agree on leases.
 //!
@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use sealing::Sealer;
 
 /// The result of [`Store::try_begin`].
@@ -84,13 +84,14 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Marks the caller's attempt completed. `None` records that the upstream
-    /// acted but the response was too large to keep.
+    /// Ends the caller's attempt: completed with its response, completed
+    /// without one (too large to keep), or held as unknown. The record is
+    /// then kept for `ttl`.
     fn complete(
         &self,
         key: &ScopedKey,
         fence: Fence,
-        response: Option<&StoredResponse>,
+        completion: Completion<'_>,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
@@ -172,10 +173,10 @@ impl Store for AnyStore {
         &self,
         key: &ScopedKey,
         fence: Fence,
-        response: Option<&StoredResponse>,
+        completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        delegate!(self, s => s.complete(key, fence, response, ttl))
+        delegate!(self, s => s.complete(key, fence, completion, ttl))
     }
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
         delegate!(self, s => s.release(key, fence))

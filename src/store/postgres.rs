@@ -5,7 +5,8 @@
 //! runs them (idempotent, under an advisory lock), so pointing a gateway at
 //! a fresh database just works.
 //!
-//! A row holds the fingerprint, state (`i` in flight, `c` completed), the
+//! A row holds the fingerprint, state (`i` in flight, `c` completed, `u`
+//! outcome unknown), the
 //! fence (the `u64` stored bit for bit in a `bigint`), the encoded response
 //! ([`super::codec`]; `NULL` when it was too large to keep) and
 //! `expires_at`: the lease end while in flight, the retention end once
@@ -39,7 +40,7 @@ use std::time::Duration;
 use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
-use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 use crate::outbox::{Database, OutboxError, Schema, migrate};
 
 /// How often expired rows are deleted.
@@ -77,7 +78,7 @@ UPDATE idemgate.gateway_keys SET expires_at = clock_timestamp() + $3::bigint * i
 
 const COMPLETE: &str = "
 UPDATE idemgate.gateway_keys
-   SET state = 'c', response = $3, expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+   SET state = $5, response = $3, expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
  WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
 
 const RELEASE: &str = "
@@ -179,6 +180,7 @@ impl PostgresStore {
                 fingerprint,
                 response: response.map(|stored| self.decode(key, stored)).transpose()?,
             }),
+            b'u' => Ok(Record::Unknown { fingerprint }),
             _ => Err(corrupt("unknown state")),
         }
     }
@@ -271,12 +273,17 @@ impl Store for PostgresStore {
         &self,
         key: &ScopedKey,
         fence: Fence,
-        response: Option<&StoredResponse>,
+        completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key_bytes = &key.as_bytes()[..];
-        let encoded = response.map(|r| self.encode(key, r)).transpose()?;
-        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &encoded, &millis(ttl)]).await? == 1)
+        let (state, encoded) = match completion {
+            Completion::Response(response) => (b'c', Some(self.encode(key, response)?)),
+            Completion::NotKept => (b'c', None),
+            Completion::Unknown => (b'u', None),
+        };
+        let state = state as i8;
+        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &encoded, &millis(ttl), &state]).await? == 1)
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {

@@ -1,7 +1,7 @@
 //! Redis and Redis Cluster backend.
 //!
 //! A record is one hash at `<prefix>{<hex of the scoped key>}`: `st` (`i`
-//! in flight, `c` completed), `fp` (fingerprint), `fence`, `until` (lease
+//! in flight, `c` completed, `u` outcome unknown), `fp` (fingerprint), `fence`, `until` (lease
 //! end, ms, by Redis's clock) and `resp` (the encoded response, absent when
 //! it was too large to keep). Redis expires records by itself: a completed
 //! record `ttl` after completion, an in-flight one two lease lengths after
@@ -30,7 +30,7 @@ use redis::{FromRedisValue, IntoConnectionInfo, RedisResult, Script, TlsCertific
 use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
-use crate::idempotency::{Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
 
 // Every script reads the clock of Redis itself (`TIME`), so gateways with
 // skewed clocks agree on leases. An in-flight record keeps its lease end in
@@ -88,11 +88,11 @@ redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return 1
 ";
 
-// ARGV: fence, ttl ms, has response ('1'/'0'), encoded response.
+// ARGV: fence, ttl ms, completion ('r' response, 'n' not kept, 'u' unknown), encoded response.
 const COMPLETE: &str = r"
-redis.call('HSET', KEYS[1], 'st', 'c')
+if ARGV[3] == 'u' then redis.call('HSET', KEYS[1], 'st', 'u') else redis.call('HSET', KEYS[1], 'st', 'c') end
 redis.call('HDEL', KEYS[1], 'until')
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
+if ARGV[3] == 'r' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
@@ -325,6 +325,7 @@ fn parse_record(
             };
             Ok(Record::Completed { fingerprint, response })
         }
+        b"u" => Ok(Record::Unknown { fingerprint }),
         _ => Err(corrupt("unknown state")),
     }
 }
@@ -358,14 +359,15 @@ impl Store for RedisStore {
         &self,
         key: &ScopedKey,
         fence: Fence,
-        response: Option<&StoredResponse>,
+        completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let mut invocation = self.scripts.complete.key(self.redis_key(key));
         invocation.arg(fence.0).arg(millis(ttl));
-        match response {
-            Some(response) => invocation.arg("1").arg(self.encode(key, response)?),
-            None => invocation.arg("0").arg(""),
+        match completion {
+            Completion::Response(response) => invocation.arg("r").arg(self.encode(key, response)?),
+            Completion::NotKept => invocation.arg("n").arg(""),
+            Completion::Unknown => invocation.arg("u").arg(""),
         };
         self.run::<i64>(invocation).await.map(|n| n == 1)
     }

@@ -1,0 +1,135 @@
+//! One client connection: what the gateway knows of it, and how long it may
+//! sit idle.
+//!
+//! hyper bounds an HTTP/1.1 request's headers, but nothing bounds the time
+//! before a new connection's first byte (the protocol sniffing of
+//! `hyper_util`'s auto builder waits for ever) nor an idle HTTP/2
+//! connection: a handful of silent sockets could hold every
+//! `max_connections` slot. [`Activity`] counts the requests in flight on a
+//! connection, and [`Activity::idle_for_too_long`] resolves when it has had
+//! none for too long — `header_read_timeout` before its first request,
+//! `idle_timeout` after one — so the listener can close it gracefully.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::request_body::BodyBudget;
+use super::upstream::ClientInfo;
+
+/// What a request handler knows of the connection it came on.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    /// Who connected, and over TLS or not.
+    pub client: ClientInfo,
+    /// Request-body bytes this connection may hold buffered at once.
+    pub body_budget: BodyBudget,
+}
+
+/// Requests in flight on one connection, and since when it has had none.
+#[derive(Debug)]
+pub struct Activity {
+    born: Instant,
+    in_flight: AtomicUsize,
+    started: AtomicU64,
+    /// Milliseconds after `born` at which the last request ended.
+    idle_since_ms: AtomicU64,
+    changed: Notify,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Activity {
+    /// A connection that has just been accepted.
+    pub fn new() -> Self {
+        Self {
+            born: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Marks a request in flight until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// Resolves once the connection has had no request in flight for
+    /// `first` (before any request) or `idle` (after one).
+    pub async fn idle_for_too_long(&self, first: Duration, idle: Duration) {
+        loop {
+            // Registered before the state is read, so no change is missed.
+            let changed = self.changed.notified();
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            let limit = if self.started.load(Ordering::Relaxed) == 0 { first } else { idle };
+            let since = self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Relaxed));
+            let deadline = since + limit;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = changed => {}
+            }
+        }
+    }
+}
+
+/// A request in flight on a connection (see [`Activity::begin`]).
+#[derive(Debug)]
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        let now = u64::try_from(activity.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        activity.idle_since_ms.store(now, Ordering::Relaxed);
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        activity.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_idle_after_the_first_request_timeout() {
+        let activity = Arc::new(Activity::new());
+        let started = Instant::now();
+        activity.idle_for_too_long(Duration::from_secs(2), Duration::from_secs(60)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_flight_keeps_the_connection_and_the_idle_clock_restarts_after_it() {
+        let activity = Arc::new(Activity::new());
+        let request = activity.begin();
+        let watcher = {
+            let activity = activity.clone();
+            tokio::spawn(
+                async move { activity.idle_for_too_long(Duration::from_secs(2), Duration::from_secs(5)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!watcher.is_finished(), "idle while a request was in flight");
+        let ended = Instant::now();
+        drop(request);
+        watcher.await.unwrap();
+        assert_eq!(ended.elapsed(), Duration::from_secs(5));
+    }
+}
