@@ -110,6 +110,44 @@ async fn an_operator_inspects_and_purges_one_tenants_key_and_no_other() {
 }
 
 #[tokio::test]
+async fn a_plus_in_the_tenant_parameter_is_the_space_of_a_bearer_credential() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let auth = format!("Bearer {TOKEN}");
+    gateway.post("/charge").auth("client-token-42").key("k+1").json("{}").send().await;
+
+    // `+` in the path is the key's own `+`; in the query it is a space.
+    let found = gateway
+        .admin("GET", "/admin/keys/k+1?tenant=Bearer+client-token-42")
+        .header("authorization", &auth)
+        .send()
+        .await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let record: serde_json::Value = serde_json::from_slice(&found.body).unwrap();
+    assert_eq!(record["state"], "completed");
+    let escaped_plus = gateway
+        .admin("GET", "/admin/keys/k+1?tenant=Bearer%2Bclient-token-42")
+        .header("authorization", &auth)
+        .send()
+        .await;
+    assert_eq!(escaped_plus.status, 404, "%2B is a literal +, another tenant");
+}
+
+#[tokio::test]
+async fn the_admin_token_is_accepted_with_a_lower_case_scheme() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let lower = gateway.admin("GET", "/admin/keys/k1").header("authorization", &format!("bearer {TOKEN}")).send().await;
+    assert_eq!(lower.status, 404, "authenticated; the key simply does not exist");
+    let wrong = gateway
+        .admin("GET", "/admin/keys/k1")
+        .header("authorization", "bearer test-admin-token-0123456788")
+        .send()
+        .await;
+    assert_eq!(wrong.status, 401, "the scheme's case changes nothing about the token check");
+}
+
+#[tokio::test]
 async fn bad_admin_parameters_get_a_clear_400() {
     let upstream = Upstream::start().await;
     let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;

@@ -367,6 +367,6 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
 fn derived_key(tenant: usize, key: &str) -> String {
     let mut headers = HeaderMap::new();
     headers.insert("authorization", HeaderValue::from_str(&format!("Bearer tenant-{tenant}")).unwrap());
-    let tenant = TenantSource::Authorization.tenant_of(&headers);
+    let tenant = TenantSource::Authorization.tenant_of(&headers).unwrap();
     ScopedKey::new(&tenant, &IdempotencyKey::new(key).unwrap()).to_hex()
 }

@@ -3,6 +3,9 @@
 //! Both the configured token and the presented one are hashed with SHA-256
 //! and the digests compared with `subtle`, so neither the comparison's time
 //! nor an early exit on length reveals how much of a guess was right.
+//! The scheme is matched without regard to case (`Bearer`, `bearer`,
+//! `BEARER`), as RFC 9110 §11.1 requires, and may be followed by more than
+//! one space.
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
@@ -56,11 +59,21 @@ impl AdminAccess {
         let presented = headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .ok_or(AccessDenied::Unauthorized)?;
-        let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         if bool::from(digest.ct_eq(expected)) { Ok(()) } else { Err(AccessDenied::Unauthorized) }
     }
+}
+
+/// The token of a `Bearer` credential: the scheme in any case, then one or
+/// more spaces (`1*SP` in RFC 9110 §11.4), then a non-empty token.
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, rest) = credentials.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    Some(rest.trim()).filter(|token| !token.is_empty())
 }
 
 /// Why an admin request was refused.
@@ -91,6 +104,29 @@ mod tests {
         assert_eq!(access.check(&headers("Bearer 0123456789abcdef-tokeN")), Err(AccessDenied::Unauthorized));
         assert_eq!(access.check(&headers("0123456789abcdef-token")), Err(AccessDenied::Unauthorized));
         assert_eq!(access.check(&HeaderMap::new()), Err(AccessDenied::Unauthorized));
+    }
+
+    #[test]
+    fn the_scheme_is_matched_in_any_case_and_may_be_followed_by_several_spaces() {
+        let config = AdminConfig { token: Some(Secret::new("0123456789abcdef-token")), ..Default::default() };
+        let access = AdminAccess::from_config(&config).unwrap();
+        for credentials in
+            ["bearer 0123456789abcdef-token", "BEARER 0123456789abcdef-token", "BeArEr   0123456789abcdef-token"]
+        {
+            assert_eq!(access.check(&headers(credentials)), Ok(()), "{credentials}");
+        }
+        assert_eq!(access.check(&headers("Basic 0123456789abcdef-token")), Err(AccessDenied::Unauthorized));
+        assert_eq!(access.check(&headers("Bearer0123456789abcdef-token")), Err(AccessDenied::Unauthorized));
+    }
+
+    #[test]
+    fn a_bearer_credential_needs_a_scheme_a_space_and_a_token() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer   "), None);
+        assert_eq!(bearer_token("Bearerx abc"), None);
+        assert_eq!(bearer_token("Token abc"), None);
     }
 
     #[test]

@@ -1,19 +1,41 @@
 //! Percent-decoding for admin paths and query strings.
+//!
+//! The two differ in one character. A query value is form-style, as every
+//! HTML form and most HTTP clients write it: `+` is a space (so
+//! `?tenant=Bearer+abc` means `Bearer abc`) and `%2B` is a `+`. A path
+//! segment keeps `+` as it is, because keys may contain `+`.
 
-/// Decodes `%XX` escapes (and `+` as space in queries is *not* applied: keys
-/// may contain `+`). `None` for a broken escape or invalid UTF-8.
+/// Decodes `%XX` escapes in a path segment; `+` stays `+`. `None` for a
+/// broken escape or invalid UTF-8.
 pub(super) fn percent_decode(text: &str) -> Option<String> {
+    decode(text, false)
+}
+
+/// Decodes a form-style query value: `+` is a space, then `%XX` escapes.
+/// `None` for a broken escape or invalid UTF-8.
+fn query_value_decode(text: &str) -> Option<String> {
+    decode(text, true)
+}
+
+fn decode(text: &str, plus_is_space: bool) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
         }
     }
     String::from_utf8(out).ok()
@@ -29,7 +51,7 @@ pub(super) fn param(query: Option<&str>, name: &str) -> Result<Option<String>, S
                 return Err(format!("the query parameter {name:?} appears more than once"));
             }
             found = Some(
-                percent_decode(v)
+                query_value_decode(v)
                     .ok_or_else(|| format!("the query parameter {name:?} is not valid percent-encoding"))?,
             );
         }
@@ -54,5 +76,19 @@ mod tests {
         assert_eq!(param(Some("tenant=Bearer%20abc&x=1"), "tenant").unwrap().as_deref(), Some("Bearer abc"));
         assert_eq!(param(None, "tenant").unwrap(), None);
         assert!(param(Some("tenant=a&tenant=b"), "tenant").is_err());
+    }
+
+    #[test]
+    fn a_plus_in_a_query_value_is_a_space_and_an_escaped_plus_is_a_plus() {
+        assert_eq!(param(Some("tenant=Bearer+abc"), "tenant").unwrap().as_deref(), Some("Bearer abc"));
+        assert_eq!(param(Some("tenant=Bearer+a%2Bb"), "tenant").unwrap().as_deref(), Some("Bearer a+b"));
+        assert_eq!(param(Some("tenant=++"), "tenant").unwrap().as_deref(), Some("  "));
+        assert!(param(Some("tenant=a+%zz"), "tenant").is_err());
+    }
+
+    #[test]
+    fn a_plus_in_a_path_segment_stays_a_plus() {
+        assert_eq!(percent_decode("order+7").as_deref(), Some("order+7"));
+        assert_eq!(percent_decode("order%2B7").as_deref(), Some("order+7"));
     }
 }

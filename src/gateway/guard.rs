@@ -66,7 +66,11 @@ pub(super) async fn run<S: Store>(
         Ok(body) => body,
         Err(error) => return (Outcome::BadBody, None, refuse_body(error, body, parts.version)),
     };
-    let tenant = gateway.tenant.tenant_of(&parts.headers);
+    let tenant = match gateway.tenant.tenant_of(&parts.headers) {
+        Ok(tenant) => tenant,
+        // TODO(main): tenant problem — a placeholder 400 until the real problem type is wired in.
+        Err(_) => return (Outcome::InvalidKey, None, Problem::BadRequestBody.to_response()),
+    };
     let scoped = ScopedKey::new(&tenant, &key);
     let hashed = Some(scoped.to_hex()[..16].to_owned());
     let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);

@@ -8,23 +8,38 @@
 //! requests on different keys rarely contend; every transition holds one
 //! shard's lock for its whole read-decide-write, which is what makes it
 //! atomic. Memory is bounded two ways (both settable in the URL,
-//! `memory://?max_entries=100000&max_bytes=256MiB`):
+//! `memory://?max_entries=100000&max_bytes=256MiB`), each limit one budget
+//! for the whole store however the keys fall over the shards:
 //!
-//! - **entries**: when a shard is full, expired records are swept; if it is
-//!   still full a new key is refused with [`StoreError::Full`] (a `503`), so
-//!   the store never forgets a live record to make room — forgetting one
-//!   would let a retry execute twice.
-//! - **bytes**: a completed response that would exceed the byte budget is
+//! - **entries**: a new key reserves a unit of the entry budget before it
+//!   is inserted. When none is left, expired records are swept from every
+//!   shard and the key tries once more; if the budget is still spent it is
+//!   refused with [`StoreError::Full`] (a `503`), so the store never forgets
+//!   a live record to make room — forgetting one would let a retry execute
+//!   twice.
+//! - **bytes**: a completed response reserves its size of the byte budget
+//!   the same way (sweep, try once more); one that still does not fit is
 //!   recorded as completed *without* its body: retries get
 //!   `response-not-replayable` rather than a second execution.
 //!
-//! Expired records are also reclaimed without waiting for a shard to fill:
-//! the first new key a shard sees after [`SWEEP_EVERY`] sweeps it (about
-//! 1,600 entries per shard at the default limit, well under a millisecond).
+//! The budgets count what the maps hold, expired records included, until a
+//! sweep or an overwrite removes them; a unit is reserved before an insert,
+//! so two racing inserts cannot both take the last one. The sweep for room
+//! visits every record, but takes one shard's lock at a time and only
+//! after the caller has dropped its own: nothing here ever holds two.
+//!
+//! Expired records are also reclaimed without waiting for the store to
+//! fill: the first new key a shard sees after [`SWEEP_EVERY`] sweeps it
+//! (about 1,600 entries per shard at the default limit, well under a
+//! millisecond).
+
+mod budget;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use budget::Budget;
 
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ByteSize;
@@ -42,14 +57,27 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// See the module docs.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    entries_per_shard: usize,
-    bytes_per_shard: usize,
+    budgets: Budgets,
     sweep_every: Duration,
+}
+
+/// The store-wide limits. Every entry in a map holds one unit of `entries`
+/// and [`Entry::size`] units of `bytes`.
+struct Budgets {
+    entries: Budget,
+    bytes: Budget,
+}
+
+impl Budgets {
+    /// Gives back what an entry that left its map held.
+    fn release(&self, entry: &Entry) {
+        self.entries.release(1);
+        self.bytes.release(entry.size());
+    }
 }
 
 struct Shard {
     map: HashMap<ScopedKey, Entry>,
-    bytes: usize,
     next_sweep: Instant,
 }
 
@@ -95,9 +123,9 @@ impl Shard {
         self.map.get_mut(key).filter(|e| e.expires_at > now)
     }
 
-    fn remove(&mut self, key: &ScopedKey) -> Option<Entry> {
+    fn remove(&mut self, key: &ScopedKey, budgets: &Budgets) -> Option<Entry> {
         let entry = self.map.remove(key)?;
-        self.bytes -= entry.size();
+        budgets.release(&entry);
         Some(entry)
     }
 
@@ -105,18 +133,16 @@ impl Shard {
     /// that lapsed less than `every` ago, so that its request's retry is
     /// still recognised as a takeover; a sweep for room (`every` zero)
     /// drops everything expired.
-    fn sweep(&mut self, now: Instant, every: Duration) {
+    fn sweep(&mut self, now: Instant, every: Duration, budgets: &Budgets) {
         let before = self.map.len();
-        let mut freed = 0;
         self.map.retain(|_, e| {
             let lapsed_recently = matches!(e.state, State::InFlight { .. }) && e.expires_at + every > now;
             let keep = e.expires_at > now || lapsed_recently;
             if !keep {
-                freed += e.size();
+                budgets.release(e);
             }
             keep
         });
-        self.bytes -= freed;
         tracing::debug!(swept = before - self.map.len(), "memory store sweep");
     }
 
@@ -134,11 +160,10 @@ impl MemoryStore {
 
     fn with_sweep_interval(max_entries: usize, max_bytes: usize, sweep_every: Duration) -> Self {
         let now = Instant::now();
-        let shard = || Mutex::new(Shard { map: HashMap::new(), bytes: 0, next_sweep: now + sweep_every });
+        let shard = || Mutex::new(Shard { map: HashMap::new(), next_sweep: now + sweep_every });
         Self {
             shards: (0..SHARDS).map(|_| shard()).collect(),
-            entries_per_shard: max_entries.div_ceil(SHARDS).max(1),
-            bytes_per_shard: max_bytes.div_ceil(SHARDS),
+            budgets: Budgets { entries: Budget::new(max_entries), bytes: Budget::new(max_bytes) },
             sweep_every,
         }
     }
@@ -164,26 +189,47 @@ impl MemoryStore {
         Ok(Self::new(entries, bytes))
     }
 
-    fn shard(&self, key: &ScopedKey) -> std::sync::MutexGuard<'_, Shard> {
-        let index = usize::from(key.as_bytes()[0]) % SHARDS;
-        // A poisoned shard only means another thread panicked mid-update of
-        // plain data whose invariants we re-check on every access.
-        self.shards[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn shard(&self, key: &ScopedKey) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[usize::from(key.as_bytes()[0]) % SHARDS])
+    }
+
+    /// Drops every expired record to make room, one shard at a time: the
+    /// caller holds no shard lock, and this never holds two.
+    fn sweep_for_room(&self, now: Instant) {
+        for shard in &self.shards {
+            lock(shard).sweep(now, Duration::ZERO, &self.budgets);
+        }
+    }
+
+    /// Reserves `size` bytes for a stored response, sweeping once for room.
+    fn reserve_bytes(&self, size: usize, now: Instant) -> bool {
+        if self.budgets.bytes.try_reserve(size) {
+            return true;
+        }
+        // No sweep can make room for a body larger than the whole budget.
+        if size > self.budgets.bytes.limit() {
+            return false;
+        }
+        self.sweep_for_room(now);
+        self.budgets.bytes.try_reserve(size)
     }
 
     /// Live records, for tests and metrics (expired ones are not counted).
     pub fn len(&self) -> usize {
         let now = Instant::now();
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).map.values().filter(|e| e.expires_at > now).count())
-            .sum()
+        self.shards.iter().map(|s| lock(s).map.values().filter(|e| e.expires_at > now).count()).sum()
     }
 
     /// `true` when no live record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A poisoned shard only means another thread panicked mid-update of
+    // plain data whose invariants we re-check on every access.
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Default for MemoryStore {
@@ -201,33 +247,51 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         let now = Instant::now();
-        let mut shard = self.shard(key);
-        // An expired attempt of this very request: acquiring is a takeover.
-        let lapsed = shard.map.get(key).is_some_and(|e| {
-            matches!(e.state, State::InFlight { .. }) && e.expires_at <= now && e.fingerprint == *fingerprint
-        });
-        let record = shard.live(key, now).map(|e| e.to_record(now));
-        let took_over = match decide(record.as_ref(), fingerprint) {
-            Decision::Start => lapsed,
-            Decision::TakeOver => true,
-            _ => return Ok(Begin::Existing(record.ok_or(StoreError::Corrupt("decision without record".into()))?)),
-        };
-        if record.is_none() && shard.map.len() >= self.entries_per_shard {
-            shard.sweep(now, Duration::ZERO);
-            if shard.map.len() >= self.entries_per_shard {
-                return Err(StoreError::Full("the embedded store holds max_entries live records"));
+        // At most twice: the second time after a sweep for room, which
+        // needs this shard's lock released (and lets the record change).
+        let mut swept = false;
+        loop {
+            let mut shard = self.shard(key);
+            // An expired attempt of this very request: acquiring is a takeover.
+            let lapsed = shard.map.get(key).is_some_and(|e| {
+                matches!(e.state, State::InFlight { .. }) && e.expires_at <= now && e.fingerprint == *fingerprint
+            });
+            let record = shard.live(key, now).map(|e| e.to_record(now));
+            let took_over = match decide(record.as_ref(), fingerprint) {
+                Decision::Start => lapsed,
+                Decision::TakeOver => true,
+                _ => {
+                    return Ok(Begin::Existing(record.ok_or(StoreError::Corrupt("decision without record".into()))?));
+                }
+            };
+            if now >= shard.next_sweep {
+                shard.sweep(now, self.sweep_every, &self.budgets);
+                shard.next_sweep = now + self.sweep_every;
             }
+            // An expired record of this key hands its entry unit on to the
+            // new attempt; only a key the map does not hold needs a new one.
+            let slot = match shard.map.remove(key) {
+                Some(old) => {
+                    self.budgets.bytes.release(old.size());
+                    true
+                }
+                None => self.budgets.entries.try_reserve(1),
+            };
+            if !slot {
+                if swept {
+                    return Err(StoreError::Full("the embedded store holds max_entries live records"));
+                }
+                drop(shard);
+                self.sweep_for_room(now);
+                swept = true;
+                continue;
+            }
+            shard.map.insert(
+                *key,
+                Entry { fingerprint: *fingerprint, state: State::InFlight { fence }, expires_at: now + lease },
+            );
+            return Ok(Begin::Acquired { took_over });
         }
-        if now >= shard.next_sweep {
-            shard.sweep(now, self.sweep_every);
-            shard.next_sweep = now + self.sweep_every;
-        }
-        shard.remove(key);
-        shard.map.insert(
-            *key,
-            Entry { fingerprint: *fingerprint, state: State::InFlight { fence }, expires_at: now + lease },
-        );
-        Ok(Begin::Acquired { took_over })
     }
 
     async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
@@ -244,33 +308,28 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
+        // A body's bytes are reserved before the shard's lock is taken,
+        // because finding room may sweep every shard; they are given back
+        // if the attempt turns out not to be held.
+        let kept = match completion {
+            Completion::Response(response) => self.reserve_bytes(response.size(), now).then_some(response),
+            Completion::NotKept | Completion::Unknown => None,
+        };
         let mut shard = self.shard(key);
-        if shard.held(key, fence, now).is_none() {
-            return Ok(false);
-        }
-        let response = match completion {
-            Completion::Response(response) => Some(response),
-            Completion::NotKept => None,
-            Completion::Unknown => {
-                let Some(entry) = shard.map.get_mut(key) else { return Ok(false) };
-                entry.state = State::Unknown;
-                entry.expires_at = now + ttl;
-                return Ok(true);
+        let Some(entry) = shard.held(key, fence, now) else {
+            if let Some(response) = kept {
+                self.budgets.bytes.release(response.size());
             }
-        };
-        let size = response.map_or(0, StoredResponse::size);
-        if shard.bytes + size > self.bytes_per_shard {
-            shard.sweep(now, Duration::ZERO);
-        }
-        // Over budget even after the sweep: keep the fact, drop the body.
-        let response = response.filter(|_| shard.bytes + size <= self.bytes_per_shard).cloned();
-        let Some(entry) = shard.map.get_mut(key) else {
             return Ok(false);
         };
-        entry.state = State::Completed { response };
+        let held_before = entry.size();
+        entry.state = match completion {
+            Completion::Unknown => State::Unknown,
+            // Out of budget even after the sweep (`kept` is `None`): keep the fact, drop the body.
+            Completion::Response(_) | Completion::NotKept => State::Completed { response: kept.cloned() },
+        };
         entry.expires_at = now + ttl;
-        let added = entry.size();
-        shard.bytes += added;
+        self.budgets.bytes.release(held_before);
         Ok(true)
     }
 
@@ -280,7 +339,7 @@ impl Store for MemoryStore {
         if shard.held(key, fence, now).is_none() {
             return Ok(false);
         }
-        Ok(shard.remove(key).is_some())
+        Ok(shard.remove(key, &self.budgets).is_some())
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
@@ -292,7 +351,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(key);
         let existed = shard.live(key, now).is_some();
-        shard.remove(key);
+        shard.remove(key, &self.budgets);
         Ok(existed)
     }
 
@@ -302,86 +361,4 @@ impl Store for MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(n: u8) -> ScopedKey {
-        ScopedKey::from_digest([n; 32])
-    }
-
-    const LEASE: Duration = Duration::from_secs(30);
-    const TTL: Duration = Duration::from_secs(60);
-
-    #[tokio::test]
-    async fn a_full_store_refuses_new_keys_instead_of_forgetting_live_ones() {
-        // One entry per shard; keys 0 and 64 land in the same shard.
-        let store = MemoryStore::new(1, DEFAULT_MAX_BYTES);
-        let fp = Fingerprint([1; 32]);
-        assert_eq!(store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap(), Begin::Acquired { took_over: false });
-        assert!(matches!(store.try_begin(&key(64), &fp, Fence(2), LEASE).await, Err(StoreError::Full(_))));
-        assert!(matches!(
-            store.try_begin(&key(0), &fp, Fence(3), LEASE).await.unwrap(),
-            Begin::Existing(Record::InFlight { .. })
-        ));
-    }
-
-    #[tokio::test]
-    async fn a_full_store_makes_room_from_expired_records() {
-        let store = MemoryStore::new(1, DEFAULT_MAX_BYTES);
-        let fp = Fingerprint([1; 32]);
-        store.try_begin(&key(0), &fp, Fence(1), Duration::ZERO).await.unwrap();
-        assert_eq!(
-            store.try_begin(&key(64), &fp, Fence(2), LEASE).await.unwrap(),
-            Begin::Acquired { took_over: false }
-        );
-        assert_eq!(store.len(), 1);
-    }
-
-    #[tokio::test]
-    async fn a_response_over_the_byte_budget_is_kept_without_its_body() {
-        let store = MemoryStore::new(100, SHARDS * 1000);
-        let fp = Fingerprint([1; 32]);
-        store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
-        let big = StoredResponse { status: 200, headers: vec![], body: vec![b'x'; 2000].into() };
-        assert!(store.complete(&key(0), Fence(1), Completion::Response(&big), TTL).await.unwrap());
-        assert_eq!(store.get(&key(0)).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
-    }
-
-    #[tokio::test]
-    async fn expired_records_are_reclaimed_before_the_shard_fills() {
-        let store = MemoryStore::with_sweep_interval(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES, Duration::ZERO);
-        let fp = Fingerprint([1; 32]);
-        // Keys 0, 64, 128, 192 share a shard; three of them expire at once.
-        for (n, fence) in [(0, 1), (64, 2), (128, 3)] {
-            store.try_begin(&key(n), &fp, Fence(fence), Duration::ZERO).await.unwrap();
-        }
-        store.try_begin(&key(192), &fp, Fence(4), LEASE).await.unwrap();
-        let held = store.shard(&key(0)).map.len();
-        assert_eq!(held, 1, "the expired records were dropped, the live one kept");
-        assert_eq!(store.len(), 1);
-        // With the default interval nothing is swept early.
-        let lazy = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
-        for (n, fence) in [(0, 1), (64, 2)] {
-            lazy.try_begin(&key(n), &fp, Fence(fence), Duration::ZERO).await.unwrap();
-        }
-        assert_eq!(lazy.shard(&key(0)).map.len(), 2);
-        // A routine sweep keeps an attempt that lapsed within its interval
-        // (its retry is a takeover) but drops an expired completed record.
-        let done = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
-        done.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
-        assert!(done.complete(&key(0), Fence(1), Completion::NotKept, Duration::ZERO).await.unwrap());
-        done.try_begin(&key(64), &fp, Fence(2), Duration::ZERO).await.unwrap();
-        let mut shard = done.shard(&key(0));
-        shard.sweep(Instant::now(), Duration::from_secs(60));
-        assert!(shard.map.contains_key(&key(64)) && !shard.map.contains_key(&key(0)));
-    }
-
-    #[test]
-    fn url_options_are_checked() {
-        assert!(MemoryStore::from_url("memory://?max_entries=10&max_bytes=1MiB").is_ok());
-        assert!(
-            matches!(MemoryStore::from_url("memory://?max_entrys=10"), Err(StoreError::InvalidUrl(m)) if m.contains("max_entries"))
-        );
-        assert!(MemoryStore::from_url("memory://?max_entries=ten").is_err());
-    }
-}
+mod tests;
