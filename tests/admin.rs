@@ -213,6 +213,7 @@ fn openapi_lists_every_problem_type() {
         Problem::MissingKey,
         Problem::InvalidKey(idemgate::idempotency::KeyError::Empty),
         Problem::KeyMismatch,
+        Problem::AmbiguousTenant(idemgate::idempotency::TenantError::Repeated { header: http::header::AUTHORIZATION }),
         Problem::RequestInFlight { retry_after: std::time::Duration::ZERO },
         Problem::StoreUnavailable,
         Problem::BodyTooLarge { limit: 0 },

@@ -122,6 +122,28 @@ async fn the_same_key_from_another_tenant_is_independent_and_learns_nothing() {
 }
 
 #[tokio::test]
+async fn a_repeated_tenant_header_is_refused_instead_of_picking_one() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = idemgate::config::TenantConfig { header: Some("x-tenant-id".into()), ..Default::default() };
+    let gateway = TestGateway::start(config).await;
+    let victim = gateway.post("/charge").header("x-tenant-id", "victim").key("k").json(CHARGE).send().await;
+    assert_eq!(victim.status, 201);
+    // A client puts its own field ahead of the one its auth proxy appends.
+    let smuggled =
+        gateway.post("/charge").header("x-tenant-id", "victim").header("x-tenant-id", "mallory").key("k").json(CHARGE);
+    let reply = smuggled.send().await;
+    assert_eq!((reply.status, reply.problem().as_str()), (400, "ambiguous-tenant"));
+    assert!(!reply.text().contains("effect"), "nothing of the victim's response leaks");
+    assert_eq!(upstream.total(), 1);
+
+    let default_mode = TestGateway::start(support::gateway::config(&upstream.url(), "memory://")).await;
+    let two = default_mode.post("/charge").auth("alice").auth("bob").key("k").json(CHARGE).send().await;
+    assert_eq!((two.status, two.problem().as_str()), (400, "ambiguous-tenant"));
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
 async fn an_upstream_500_releases_the_key_and_a_retry_runs_again_but_a_reset_holds_it() {
     let upstream = Upstream::start().await;
     let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;

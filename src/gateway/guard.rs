@@ -68,8 +68,7 @@ pub(super) async fn run<S: Store>(
     };
     let tenant = match gateway.tenant.tenant_of(&parts.headers) {
         Ok(tenant) => tenant,
-        // TODO(main): tenant problem — a placeholder 400 until the real problem type is wired in.
-        Err(_) => return (Outcome::InvalidKey, None, Problem::BadRequestBody.to_response()),
+        Err(e) => return (Outcome::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
     };
     let scoped = ScopedKey::new(&tenant, &key);
     let hashed = Some(scoped.to_hex()[..16].to_owned());

@@ -61,6 +61,8 @@ pub enum Outcome {
     MissingKey,
     /// The key is malformed (`400`).
     InvalidKey,
+    /// The tenant header (or `Authorization`) came more than once (`400`).
+    AmbiguousTenant,
     /// The store failed and `fail_mode = "closed"` (`503`).
     StoreError,
     /// The store failed and the request was forwarded unguarded.
@@ -94,6 +96,7 @@ impl Outcome {
             Self::Mismatch => "mismatch",
             Self::MissingKey => "missing-key",
             Self::InvalidKey => "invalid-key",
+            Self::AmbiguousTenant => "ambiguous-tenant",
             Self::StoreError => "store-error",
             Self::FailOpen => "fail-open",
             Self::UpstreamError => "upstream-error",

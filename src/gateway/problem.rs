@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use super::body::{ResponseBody, full};
-use crate::idempotency::KeyError;
+use crate::idempotency::{KeyError, TenantError};
 
 /// Prefix of every problem `type`; the suffix is [`Problem::slug`].
 pub const TYPE_PREFIX: &str = "urn:idemgate:problem:";
@@ -23,6 +23,8 @@ pub enum Problem {
     MissingKey,
     /// The key header is malformed.
     InvalidKey(KeyError),
+    /// The header the tenant comes from appears more than once.
+    AmbiguousTenant(TenantError),
     /// The key was used for a different request.
     KeyMismatch,
     /// Another attempt with this key is running.
@@ -85,6 +87,7 @@ impl Problem {
         match self {
             Self::MissingKey => "missing-key",
             Self::InvalidKey(_) => "invalid-key",
+            Self::AmbiguousTenant(_) => "ambiguous-tenant",
             Self::KeyMismatch => "key-mismatch",
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
@@ -110,7 +113,9 @@ impl Problem {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::MissingKey | Self::InvalidKey(_) | Self::BadRequestBody => StatusCode::BAD_REQUEST,
+            Self::MissingKey | Self::InvalidKey(_) | Self::AmbiguousTenant(_) | Self::BadRequestBody => {
+                StatusCode::BAD_REQUEST
+            }
             Self::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -137,6 +142,7 @@ impl Problem {
         match self {
             Self::MissingKey => "Idempotency-Key required",
             Self::InvalidKey(_) => "Invalid Idempotency-Key",
+            Self::AmbiguousTenant(_) => "Ambiguous tenant",
             Self::KeyMismatch => "Idempotency-Key reused for a different request",
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
@@ -163,6 +169,7 @@ impl Problem {
         match self {
             Self::MissingKey => "This endpoint requires an Idempotency-Key header on this method.".into(),
             Self::InvalidKey(e) => format!("{e}. A key is 1 to 255 printable ASCII characters, sent once as a bare token or a quoted string."),
+            Self::AmbiguousTenant(e) => format!("{e}. Send it once; the request was not forwarded."),
             Self::KeyMismatch => "This Idempotency-Key was already used with a different method, path, query, body or fingerprinted header. Use a new key for a new request.".into(),
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
