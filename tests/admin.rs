@@ -219,6 +219,8 @@ fn openapi_lists_every_problem_type() {
         Problem::BodyTooLarge { limit: 0 },
         Problem::BadRequestBody,
         Problem::BodyTimeout,
+        Problem::UriTooLong { limit: 0 },
+        Problem::HeadersTooLarge { limit: 0 },
         Problem::UpstreamUnavailable { sent: false },
         Problem::UpstreamTimeout { still_running: true },
         Problem::OutcomeUnknown { held: true },

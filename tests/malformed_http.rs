@@ -39,6 +39,41 @@ async fn oversized_headers_are_refused_with_431() {
 }
 
 #[tokio::test]
+async fn long_targets_and_large_headers_get_problem_json_414_and_431() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let cases = [
+        (
+            format!("GET /{} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", "u".repeat(10 << 10)),
+            414,
+            "uri-too-long",
+        ),
+        (
+            format!(
+                "POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: k\r\nx-big: {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                "a".repeat(40 << 10)
+            ),
+            431,
+            "headers-too-large",
+        ),
+        (
+            format!(
+                "GET / HTTP/1.1\r\nhost: x\r\n{}connection: close\r\n\r\n",
+                (0..150).map(|n| format!("x-{n}: v\r\n")).collect::<String>()
+            ),
+            431,
+            "headers-too-large",
+        ),
+    ];
+    for (raw, status, kind) in cases {
+        let reply = exchange(&gateway, raw.as_bytes()).await;
+        assert_eq!(status_of(&reply), status, "{}", &reply[..reply.len().min(300)]);
+        assert!(reply.contains("application/problem+json") && reply.contains(kind), "{reply}");
+    }
+    assert_eq!(upstream.total(), 0);
+}
+
+#[tokio::test]
 async fn a_client_that_sends_headers_slowly_is_cut_off_without_stalling_others() {
     let upstream = Upstream::start().await;
     let mut config = config(&upstream.url(), "memory://");

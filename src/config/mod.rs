@@ -316,6 +316,11 @@ pub struct GatewayConfig {
     pub idle_timeout: ConfigDuration,
     /// Concurrent HTTP/2 streams per client connection.
     pub max_streams_per_connection: u32,
+    /// Longest request target (path and query) accepted; longer gets `414`.
+    pub max_uri_bytes: ByteSize,
+    /// Most request header bytes (names and values) accepted; more, or more
+    /// than 100 fields, gets `431`.
+    pub max_header_bytes: ByteSize,
     /// Request body bytes buffered at once for one client connection (all
     /// its HTTP/2 streams together); at least `max_request_body`.
     pub connection_body_budget: ByteSize,
@@ -351,6 +356,8 @@ impl Default for GatewayConfig {
             idle_timeout: secs(60),
             max_streams_per_connection: 100,
             connection_body_budget: ByteSize(4 << 20),
+            max_uri_bytes: ByteSize(8 << 10),
+            max_header_bytes: ByteSize(32 << 10),
             max_connections: 10_000,
             shutdown_grace: secs(25),
         }
@@ -582,6 +589,12 @@ impl Config {
                 "gateway.connection_body_budget = {} must be at least gateway.max_request_body = {}",
                 g.connection_body_budget, g.max_request_body
             ));
+        }
+        // Above these hyper refuses on its own, with a bare status and no problem body.
+        if g.max_uri_bytes.0 > 60 << 10 || g.max_header_bytes.0 > 256 << 10 {
+            return invalid(
+                "gateway.max_uri_bytes is at most 60KiB and gateway.max_header_bytes at most 256KiB".into(),
+            );
         }
         if g.max_streams_per_connection == 0 {
             return invalid("gateway.max_streams_per_connection must be at least 1".into());

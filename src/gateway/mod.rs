@@ -80,6 +80,8 @@ pub enum Outcome {
     NotReplayable,
     /// The request body was over the limit or unreadable.
     BadBody,
+    /// The request target or headers were over the limits (`414`, `431`).
+    BadHead,
     /// No route matched (`404`).
     NoRoute,
 }
@@ -105,6 +107,7 @@ impl Outcome {
             Self::Held => "held",
             Self::NotReplayable => "not-replayable",
             Self::BadBody => "bad-body",
+            Self::BadHead => "bad-head",
             Self::NoRoute => "no-route",
         }
     }
@@ -139,7 +142,14 @@ pub struct Policy {
     pub store_timeout: Duration,
     /// Response headers never stored.
     pub response_header_deny: Vec<HeaderName>,
+    /// Longest request target accepted.
+    pub max_uri_bytes: u64,
+    /// Most request header bytes accepted.
+    pub max_header_bytes: u64,
 }
+
+/// Most request header fields accepted (hyper itself refuses past twice this).
+pub const MAX_HEADER_FIELDS: usize = 100;
 
 /// The gateway's shared state; one per process, behind an `Arc`.
 pub struct Gateway<S> {
@@ -184,6 +194,8 @@ impl<S: Store> Gateway<S> {
                 forward_key: g.forward_key,
                 store_timeout: g.store_timeout.0,
                 response_header_deny: g.response_header_deny.iter().map(header).collect::<Result<_, _>>()?,
+                max_uri_bytes: g.max_uri_bytes.0,
+                max_header_bytes: g.max_header_bytes.0,
             },
             tenant,
             fingerprint: FingerprintPolicy {
@@ -222,11 +234,29 @@ impl<S: Store> Gateway<S> {
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
+        if let Err(problem) = self.check_head(&request) {
+            return self.log(None, Outcome::BadHead, None, started, problem.to_response());
+        }
         let Some(route) = self.routes.find(request.uri().path()) else {
             return self.log(None, Outcome::NoRoute, None, started, Problem::NoRoute.to_response());
         };
         let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
         self.log(Some(route), outcome, scoped, started, response)
+    }
+
+    /// The gateway's own limits on a request head, below hyper's, so that
+    /// the answer is a problem a client can read rather than a bare status.
+    fn check_head(&self, request: &Request<Incoming>) -> Result<(), Problem> {
+        let target = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+        if target as u64 > self.policy.max_uri_bytes {
+            return Err(Problem::UriTooLong { limit: self.policy.max_uri_bytes });
+        }
+        let headers = request.headers();
+        let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+        if headers.len() > MAX_HEADER_FIELDS || bytes as u64 > self.policy.max_header_bytes {
+            return Err(Problem::HeadersTooLarge { limit: self.policy.max_header_bytes });
+        }
+        Ok(())
     }
 
     async fn dispatch(

@@ -39,6 +39,16 @@ pub enum Problem {
         /// The limit in bytes.
         limit: u64,
     },
+    /// The request target is longer than `max_uri_bytes`.
+    UriTooLong {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The request headers are over `max_header_bytes` or 100 fields.
+    HeadersTooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// The request body broke off or was malformed.
     BadRequestBody,
     /// The request body did not arrive within `request_body_timeout`.
@@ -92,6 +102,8 @@ impl Problem {
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
             Self::BodyTooLarge { .. } => "body-too-large",
+            Self::UriTooLong { .. } => "uri-too-long",
+            Self::HeadersTooLarge { .. } => "headers-too-large",
             Self::BadRequestBody => "bad-request-body",
             Self::BodyTimeout => "request-body-timeout",
             Self::UpstreamUnavailable { .. } => "upstream-unavailable",
@@ -121,6 +133,8 @@ impl Problem {
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UpstreamUnavailable { .. } | Self::OutcomeUnknown { .. } | Self::ResponseIncomplete => {
                 StatusCode::BAD_GATEWAY
             }
@@ -147,6 +161,8 @@ impl Problem {
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::BodyTooLarge { .. } => "Request body too large",
+            Self::UriTooLong { .. } => "URI too long",
+            Self::HeadersTooLarge { .. } => "Request headers too large",
             Self::BadRequestBody => "Request body could not be read",
             Self::BodyTimeout => "Request body too slow",
             Self::UpstreamUnavailable { .. } => "Upstream unavailable",
@@ -175,6 +191,8 @@ impl Problem {
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
             Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),
+            Self::UriTooLong { limit } => format!("The request target (path and query) is longer than {limit} bytes. It was not forwarded."),
+            Self::HeadersTooLarge { limit } => format!("The request headers exceed {limit} bytes or 100 fields. It was not forwarded."),
             Self::BodyTimeout => "The request body did not arrive in time. It was not forwarded; nothing was recorded for its key.".into(),
             Self::UpstreamUnavailable { sent: false } => "The upstream could not be reached; the request was not sent to it. Retrying (with the same Idempotency-Key, if any) runs it.".into(),
             Self::UpstreamUnavailable { sent: true } => "The upstream failed after the request was sent to it, with an answer that does not count as executed, and no response was stored. Retrying with the same Idempotency-Key runs the request again.".into(),
