@@ -1,12 +1,16 @@
 //! A randomized invariant test: many clients, random keys and duplicates,
-//! random disconnects, an upstream that fails at random, while gateway
-//! processes are SIGKILLed and restarted and Redis is restarted. Then a
-//! checker asserts what idemgate promises:
+//! random disconnects, an upstream that fails, resets (before or after
+//! acting) and stalls past the gateway's `upstream_timeout` at random, while
+//! gateway processes are SIGKILLed and restarted, Redis is SIGKILLed and
+//! restarted (with AOF `appendfsync always`, as RELIABILITY.md asks), and
+//! Redis freezes for a moment (SIGSTOP, shorter than the lease) so that
+//! settles meet a store outage. Then a checker asserts what idemgate promises:
 //!
-//! 1. per (tenant, key) the upstream acted at most once — unless a fault
-//!    that loses the record (a gateway killed mid-call: its lease lapses and
-//!    a retry takes over; Redis restarted without persistence) falls between
-//!    two executions; every other repeat is a violation;
+//! 1. per (tenant, key) the upstream acted at most once — unless the one
+//!    fault here that loses a record falls between two executions: a gateway
+//!    killed before its attempt settled (its lease lapses and a retry takes
+//!    over). Every other repeat is a violation, including one after a Redis
+//!    restart or freeze;
 //! 2. every `2xx` a client got is the body of one of the upstream's
 //!    executions of that key, and with a single execution every `2xx` is
 //!    that one body;
@@ -16,7 +20,7 @@
 //! could deduplicate the fault-caused repeats itself; the checker counts
 //! them separately. Seeded: `IDEMGATE_SEED` replays the same plan (keys,
 //! tenants, faults, upstream choices; thread interleavings still vary).
-//! `IDEMGATE_INVARIANT_REQUESTS` sets the count (default 1200).
+//! `IDEMGATE_INVARIANT_REQUESTS` sets the count (default 2400).
 
 mod support;
 
@@ -39,18 +43,23 @@ use tokio::net::TcpListener;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
 const TENANTS: usize = 3;
+/// Keys per tenant at least; larger runs use one key per 10 requests, so
+/// that many keys see their first execution (where the faults bite).
 const KEYS_PER_TENANT: usize = 40;
 const WORKERS: usize = 16;
-/// An execution finishing this long after a fault may belong to a call that was in flight at the fault
-/// (the upstream timeout is 900 ms).
+/// An execution starting this long after a fault may belong to a call that
+/// was begun before it (the upstream acts as soon as it receives a request).
 const IN_FLIGHT_AFTER_FAULT: Duration = Duration::from_secs(1);
-/// A record settles right after its execution; one this close before a kill may not have settled yet.
+/// A record settles right after the upstream's answer; one this close
+/// before a kill may not have settled yet.
 const UNSETTLED_BEFORE_KILL: Duration = Duration::from_millis(300);
 
 /// One execution the upstream performed.
 #[derive(Clone)]
 struct Effect {
     at: Instant,
+    /// When the upstream answered (or reset) after acting.
+    answered: Instant,
     body: Bytes,
 }
 
@@ -83,22 +92,39 @@ async fn chaos_upstream(seed: u64) -> (SocketAddr, Arc<Chaos>) {
 async fn act(request: Request<Incoming>, chaos: Arc<Chaos>) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let (key, tenant) = (header("idempotency-key"), header("authorization"));
-    let choice = chaos.rng.lock().unwrap().random_range(0..100u32);
-    let stall = chaos.rng.lock().unwrap().random_range(100..600u64);
+    let (choice, stall, late) = {
+        let mut rng = chaos.rng.lock().unwrap();
+        (rng.random_range(0..100u32), rng.random_range(100..600u64), rng.random_range(1000..2500u64))
+    };
     match choice {
-        0..8 => return Ok(reply(StatusCode::INTERNAL_SERVER_ERROR, Bytes::from_static(b"{\"failed\":true}"))),
-        8..15 => return Err(std::io::Error::other("reset on purpose")),
-        15..25 => tokio::time::sleep(Duration::from_millis(stall)).await,
+        0..5 => return Ok(reply(StatusCode::INTERNAL_SERVER_ERROR, Bytes::from_static(b"{\"failed\":true}"))),
+        // Reset before acting: the gateway cannot tell, and holds the key.
+        5..8 => return Err(std::io::Error::other("reset on purpose")),
+        22..32 => tokio::time::sleep(Duration::from_millis(stall)).await,
         _ => {}
     }
-    let mut effects = chaos.effects.lock().unwrap();
-    let list = effects.entry(key.clone()).or_default();
-    let body = Bytes::from(format!(
-        "{{\"tenant\":{tenant:?},\"key\":{key:?},\"execution\":{},\"nonce\":{}}}",
-        list.len() + 1,
-        rand::random::<u64>()
-    ));
-    list.push(Effect { at: Instant::now(), body: body.clone() });
+    // 8..14 act, then reset; 14..22 act, then answer only after the
+    // gateway's upstream_timeout (900 ms) has answered the client 504.
+    let after = match choice {
+        14..22 => Duration::from_millis(late),
+        _ => Duration::ZERO,
+    };
+    let body = {
+        let mut effects = chaos.effects.lock().unwrap();
+        let list = effects.entry(key.clone()).or_default();
+        let body = Bytes::from(format!(
+            "{{\"tenant\":{tenant:?},\"key\":{key:?},\"execution\":{},\"nonce\":{}}}",
+            list.len() + 1,
+            rand::random::<u64>()
+        ));
+        let at = Instant::now();
+        list.push(Effect { at, answered: at + after, body: body.clone() });
+        body
+    };
+    if (8..14).contains(&choice) {
+        return Err(std::io::Error::other("reset after acting"));
+    }
+    tokio::time::sleep(after).await;
     Ok(reply(StatusCode::CREATED, body))
 }
 
@@ -127,8 +153,9 @@ impl Gateway {
                 .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
                 .args(["--upstream", &format!("http://{upstream}"), "--store", store])
                 .envs([
-                    ("IDEMGATE__GATEWAY__LEASE", "1s"),
+                    ("IDEMGATE__GATEWAY__LEASE", "3s"),
                     ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms"),
+                    ("IDEMGATE__GATEWAY__UPSTREAM_DEADLINE", "3s"),
                     ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
                     ("IDEMGATE__GATEWAY__STORE_TIMEOUT", "500ms"),
                     ("IDEMGATE__LOG__LEVEL", "warn"),
@@ -185,17 +212,21 @@ struct Outcome {
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     GatewayKilled,
+    /// SIGKILL of a durable Redis, down for a moment, then restarted: loses
+    /// nothing acknowledged.
     RedisRestarted,
+    /// Redis frozen for a moment shorter than the lease: loses nothing.
+    RedisFrozen,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault() {
     let seed = std::env::var("IDEMGATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     let requests: usize =
-        std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
+        std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(2400);
     println!("invariant test: IDEMGATE_SEED={seed} IDEMGATE_INVARIANT_REQUESTS={requests}");
 
-    let mut redis = RedisProcess::start();
+    let mut redis = RedisProcess::start_durable();
     let store = format!("{}?timeout=400ms", redis.url());
     let (upstream, chaos) = chaos_upstream(seed).await;
     let addrs: Vec<SocketAddr> = (0..2).map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap()).collect();
@@ -206,6 +237,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             .collect(),
     );
 
+    let keys_per_tenant = KEYS_PER_TENANT.max(requests / 10 / TENANTS);
     let plan = Arc::new(Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)));
     let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(requests));
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
@@ -228,7 +260,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                         let disconnect = rng.random_bool(0.1).then(|| Duration::from_millis(rng.random_range(0..300)));
                         (
                             rng.random_range(0..TENANTS),
-                            format!("key-{}", rng.random_range(0..KEYS_PER_TENANT)),
+                            format!("key-{}", rng.random_range(0..keys_per_tenant)),
                             addrs[rng.random_range(0..addrs.len())],
                             disconnect,
                             Duration::from_millis(rng.random_range(0..30)),
@@ -264,7 +296,16 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
         if remaining.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             break;
         }
-        if fault_rng.random_bool(0.7) {
+        let kind = fault_rng.random_range(0..10u32);
+        // Store outages well inside the 3 s lease: 0.2 to 0.9 s.
+        let outage = Duration::from_millis(fault_rng.random_range(200..900));
+        if kind < 3 {
+            let at = Instant::now();
+            redis.pause();
+            tokio::time::sleep(outage).await;
+            redis.resume();
+            faults.push((at, Fault::RedisFrozen));
+        } else if kind >= 7 {
             let which = fault_rng.random_range(0..gateways.len());
             let gateways = gateways.clone();
             let store = store.clone();
@@ -283,6 +324,8 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             faults.push((at, Fault::GatewayKilled));
         } else {
             let at = Instant::now();
+            redis.stop();
+            tokio::time::sleep(outage).await;
             redis = tokio::task::spawn_blocking(move || {
                 redis.start_again();
                 redis
@@ -295,8 +338,8 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     for worker in workers {
         worker.await.unwrap();
     }
-    // Let attempts still in flight in the gateways settle before counting.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Let attempts still in flight in the gateways (up to the 3 s deadline) settle before counting.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
 
     let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
     let effects = chaos.effects.lock().unwrap().clone();
@@ -312,19 +355,17 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
         let derived = derived_key(*tenant, key);
         let executions = effects.get(&derived).cloned().unwrap_or_default();
         // 1. A repeat needs a fault that lost this key's record between the
-        //    two executions: Redis restarted (taking every record with it,
-        //    including the in-flight record of a call that finishes just
-        //    after), or the gateway running the first execution was killed
-        //    while it was in flight (its upstream call may finish after the
-        //    kill; a record settled well before the kill survives it).
+        //    two executions: the gateway running the first execution was
+        //    killed before it settled (its upstream call may finish after
+        //    the kill; a record settled well before the kill survives it).
         for pair in executions.windows(2) {
             let explained = faults.iter().any(|(at, fault)| {
                 let spans = *at < pair[1].at
                     && pair[0].at.checked_duration_since(*at).is_none_or(|d| d < IN_FLIGHT_AFTER_FAULT);
-                let unsettled = at.checked_duration_since(pair[0].at).is_none_or(|d| d < UNSETTLED_BEFORE_KILL);
+                let unsettled = at.checked_duration_since(pair[0].answered).is_none_or(|d| d < UNSETTLED_BEFORE_KILL);
                 match fault {
-                    Fault::RedisRestarted => spans,
                     Fault::GatewayKilled => spans && unsettled,
+                    Fault::RedisRestarted | Fault::RedisFrozen => false,
                 }
             });
             if explained {
