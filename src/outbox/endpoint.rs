@@ -58,7 +58,7 @@ impl Endpoint {
         };
         let mut config = driver_url
             .parse::<tokio_postgres::Config>()
-            .map_err(|e| OutboxError::InvalidUrl(format!("{}: {}", redacted(), ErrorChain(&e))))?;
+            .map_err(|e| OutboxError::InvalidUrl(ErrorChain(&e).to_string()))?;
         let settings =
             settings.unwrap_or_else(|| TlsSettings { mode: from_driver(config.get_ssl_mode()), root_certs: None });
         config.ssl_mode(settings.mode.driver());

@@ -107,7 +107,8 @@ fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError 
 fn from_outbox(e: OutboxError) -> StoreError {
     match e {
         OutboxError::InvalidUrl(m) => StoreError::InvalidUrl(m),
-        OutboxError::Tls { url, source } => StoreError::InvalidUrl(format!("{url}: {source}")),
+        // The store's caller prints the (redacted) URL already.
+        OutboxError::Tls { source, .. } => StoreError::InvalidUrl(source.to_string()),
         other => unavailable(other),
     }
 }
