@@ -13,7 +13,9 @@
 //!   bearer-protected admin API.
 //! - [`metrics`] — the Prometheus metric set.
 //! - [`outbox`] — the transactional outbox relay on Postgres: migrations,
-//!   the enqueue helper, claiming with leases and fences, publishers, retry.
+//!   the enqueue helper, claiming with leases and fences, publishers, retry;
+//!   and the one way to reach Postgres (a URL parsed into the driver's
+//!   config and a rustls connector, `sslmode` as in libpq).
 //! - [`config`] — typed configuration from file, environment and flags.
 //! - [`demo`] — a toy payments API for `idemgate demo`.
 

@@ -156,7 +156,9 @@ fn run(command: Command) -> Result<(), String> {
             let config = args.load()?;
             let url = config.relay.database_url.ok_or("migrate needs --database-url or relay.database_url")?;
             runtime.block_on(async {
-                let mut client = idemgate::outbox::migrate::connect(url.expose())
+                // A bad sslmode or sslrootcert is named as such, not as a failed connection.
+                let endpoint = idemgate::outbox::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
+                let mut client = idemgate::outbox::migrate::connect_to(&endpoint)
                     .await
                     .map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
                 let schema = idemgate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;

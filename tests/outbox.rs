@@ -429,7 +429,7 @@ async fn four_relays_deliver_2000_rows_with_duplicates_only_from_a_crash_keeping
     let delivering = std::time::Instant::now();
     let stop = CancellationToken::new();
     let start_relay = || {
-        let listen = idemgate::outbox::parse_url(&fx.schema.url).unwrap();
+        let listen = idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap();
         tokio::spawn(fx.relay(CRASH_LEASE).run(Some(listen), stop.clone()))
     };
     let mut relays: Vec<_> = (0..4).map(|_| start_relay()).collect();
@@ -490,7 +490,8 @@ async fn a_notification_wakes_a_relay_long_before_its_next_poll() {
     settings.reap_interval = Duration::from_secs(600);
     let relay = idemgate::outbox::relay::Relay::new(fx.schema.database(4), fx.publisher(), fx.policies(), settings);
     let stop = CancellationToken::new();
-    let running = tokio::spawn(relay.run(Some(idemgate::outbox::parse_url(&fx.schema.url).unwrap()), stop.clone()));
+    let running =
+        tokio::spawn(relay.run(Some(idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap()), stop.clone()));
     for n in 0..3 {
         fx.enqueue(&format!("wake:{n}"), json!({}), None).await;
         assert!(fx.sink.wait_for(n + 1, Duration::from_secs(30)).await, "no wake-up for row {n}");
@@ -507,8 +508,8 @@ async fn a_dropped_listen_connection_reconnects_and_wakes_the_relay_again() {
     settings.reap_interval = Duration::from_secs(600);
     let relay = idemgate::outbox::relay::Relay::new(fx.schema.database(4), fx.publisher(), fx.policies(), settings);
     let application = format!("listen-{}", fx.schema.name());
-    let mut listen = idemgate::outbox::parse_url(&fx.schema.url).unwrap();
-    listen.application_name(&application);
+    let mut listen = idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap();
+    listen.config.application_name(&application);
     let stop = CancellationToken::new();
     let running = tokio::spawn(relay.run(Some(listen), stop.clone()));
     fx.enqueue("before", json!({}), None).await;

@@ -89,21 +89,33 @@ impl ServiceUrl {
     pub fn scheme(&self) -> String {
         self.0.split("://").next().unwrap_or("").to_ascii_lowercase()
     }
-    /// The URL with any `user:password@` password replaced.
+    /// The URL with any `user:password@` password replaced, and any
+    /// `password=` in its query (libpq lets a database URL carry it there).
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return self.0.clone();
         };
         let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(authority_end);
+        let tail = redact_query(tail);
         match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => {
                 let user = userinfo.split(':').next().unwrap_or("");
                 format!("{scheme}://{user}:[redacted]@{hosts}{tail}")
             }
-            None => self.0.clone(),
+            None => format!("{scheme}://{authority}{tail}"),
         }
     }
+}
+
+/// `path?query` with the value of every `password=` parameter replaced.
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_string();
+    };
+    let pairs: Vec<&str> =
+        query.split('&').map(|pair| if pair.starts_with("password=") { "password=[redacted]" } else { pair }).collect();
+    format!("{path}?{}", pairs.join("&"))
 }
 
 impl std::fmt::Debug for ServiceUrl {

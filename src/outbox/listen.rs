@@ -15,32 +15,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
-use super::CHANNEL;
+use super::{CHANNEL, Endpoint, ErrorChain};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
-/// Listens until `stop` is cancelled, reconnecting as needed. The session
-/// shows as `application_name = idemgate-listen` unless the config names one.
-pub async fn listen(mut config: tokio_postgres::Config, wake: Arc<Notify>, stop: CancellationToken) {
-    if config.get_application_name().is_none() {
-        config.application_name("idemgate-listen");
+/// Listens until `stop` is cancelled, reconnecting as needed, with the
+/// endpoint's TLS settings. The session shows as
+/// `application_name = idemgate-listen` unless the URL names one.
+pub async fn listen(mut endpoint: Endpoint, wake: Arc<Notify>, stop: CancellationToken) {
+    if endpoint.config.get_application_name().is_none() {
+        endpoint.config.application_name("idemgate-listen");
     }
     let mut delay = RECONNECT_MIN;
     loop {
         let mut connected = false;
         // A server that accepts but never answers must not hold a shutdown.
         let attempt = tokio::select! {
-            result = listen_once(&config, &wake, &stop, &mut connected) => result,
+            result = listen_once(&endpoint, &wake, &stop, &mut connected) => result,
             () = stop.cancelled() => return,
         };
         match attempt {
             Ok(()) if stop.is_cancelled() => return,
             Ok(()) => tracing::warn!("outbox LISTEN connection closed; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, "outbox LISTEN connection failed; polling continues"),
+            Err(e) => tracing::warn!(error = %ErrorChain(&e), "outbox LISTEN connection failed; polling continues"),
         }
         // A connection that worked starts the backoff over.
         if connected {
@@ -55,12 +56,12 @@ pub async fn listen(mut config: tokio_postgres::Config, wake: Arc<Notify>, stop:
 }
 
 async fn listen_once(
-    config: &tokio_postgres::Config,
+    endpoint: &Endpoint,
     wake: &Notify,
     stop: &CancellationToken,
     connected: &mut bool,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = endpoint.connect().await?;
     let driver = async {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {

@@ -11,7 +11,7 @@
 
 use tokio_postgres::Client;
 
-use super::{OutboxError, Schema};
+use super::{Endpoint, ErrorChain, OutboxError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
 
 /// One embedded migration.
@@ -97,10 +97,15 @@ pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, Outbo
 
 /// One plain connection (outside any pool) for running migrations.
 pub async fn connect(url: &str) -> Result<Client, OutboxError> {
-    let (client, connection) = super::parse_url(url)?.connect(tokio_postgres::NoTls).await?;
+    connect_to(&Endpoint::parse(url)?).await
+}
+
+/// [`connect`] to an endpoint parsed already.
+pub async fn connect_to(endpoint: &Endpoint) -> Result<Client, OutboxError> {
+    let (client, connection) = endpoint.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
-            tracing::warn!(error = %e, "migration connection closed");
+            tracing::warn!(error = %ErrorChain(&e), "migration connection closed");
         }
     });
     Ok(client)

@@ -20,6 +20,10 @@
 //! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
 //!   and the run loop around it (polling, reaper, history retention, gauges).
 //! - [`listen`] — `LISTEN/NOTIFY` wake-ups on a connection outside the pool.
+//! - [`endpoint`] — a database URL parsed once into the driver's config and
+//!   the TLS connector; every connection to Postgres is made through one.
+//! - [`tls`] — `sslmode` (disable, prefer, require, verify-ca, verify-full,
+//!   with libpq's meanings) and `sslrootcert` as a rustls connector.
 //!
 //! The admin listener's outbox routes (dead rows, redrive) live in
 //! `crate::admin`. [`Schema`] lets the whole outbox live in a schema other
@@ -43,18 +47,21 @@
 //!   (per customer, per order) rather than one key for a whole stream.
 
 pub mod claim;
+pub mod endpoint;
 pub mod enqueue;
 pub mod listen;
 pub mod migrate;
 pub mod publisher;
 pub mod relay;
 pub mod retry;
+pub mod tls;
 
 use std::borrow::Cow;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+
+pub use endpoint::Endpoint;
 
 /// The channel `enqueue` and `redrive` notify.
 pub const CHANNEL: &str = "idemgate_outbox";
@@ -65,11 +72,21 @@ pub enum OutboxError {
     /// The database URL does not parse.
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
+    /// The database URL's TLS settings are unusable (an unknown `sslmode`,
+    /// an unreadable `sslrootcert`); `url` is redacted.
+    #[error("invalid database URL {url}: {source}")]
+    Tls {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong, naming the parameter.
+        #[source]
+        source: tls::TlsError,
+    },
     /// No connection could be had from the pool.
-    #[error("database unavailable: {0}")]
+    #[error("database unavailable: {}", ErrorChain(.0))]
     Pool(#[source] deadpool_postgres::PoolError),
-    /// A statement failed.
-    #[error("database error: {0}")]
+    /// A statement (or a connection attempt) failed.
+    #[error("database error: {}", ErrorChain(.0))]
     Database(#[source] tokio_postgres::Error),
     /// The schema is missing, newer than this binary, or was altered.
     #[error("schema: {0}")]
@@ -82,6 +99,31 @@ pub enum OutboxError {
         /// What [`enqueue::derived_key`] computed.
         rust: String,
     },
+}
+
+/// An error followed by its sources, `: `-joined.
+///
+/// tokio-postgres and deadpool print only their outermost layer ("db
+/// error", "error performing TLS handshake"), and the cause ("invalid peer
+/// certificate: UnknownIssuer", the server's `FATAL` message) is what an
+/// operator needs. A source whose text an outer layer already printed is
+/// not repeated.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut printed = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            let text = error.to_string();
+            if !printed.contains(&text) {
+                printed.push_str(": ");
+                printed.push_str(&text);
+            }
+            source = error.source();
+        }
+        f.write_str(&printed)
+    }
 }
 
 impl From<tokio_postgres::Error> for OutboxError {
@@ -150,28 +192,18 @@ pub struct Database {
 impl Database {
     /// A pool of `size` connections to `url`, addressing `schema`.
     pub fn connect(url: &str, size: usize, schema: Schema) -> Result<Self, OutboxError> {
-        Ok(Self { pool: pool(url, size)?, schema })
+        Self::open(Endpoint::parse(url)?, size, schema)
     }
 
-    /// [`Database::connect`] for a relay: its sessions run with
-    /// `enable_sort = off`.
-    ///
-    /// Why: the claim wants the first `batch_size` due rows, which the
-    /// `outbox_ready` index yields in order, so it reads only those. But
-    /// right after a burst of enqueues, before autovacuum has analyzed the
-    /// table, the planner still believes only a handful of rows are ready,
-    /// and picks a bitmap scan of *every* ready row plus a sort: measured
-    /// 37 ms per claim with 100k rows, ~300 ms with 1M, on every claim
-    /// until the next ANALYZE. Without sorts it always walks the index
-    /// (0.9 ms either way). Nothing else the relay runs needs a sort.
+    /// A pool of `size` connections to a parsed endpoint. Connections open
+    /// lazily, each bounded by the pool's create timeout.
+    pub fn open(endpoint: Endpoint, size: usize, schema: Schema) -> Result<Self, OutboxError> {
+        Ok(Self { pool: pool(endpoint, size)?, schema })
+    }
+
+    /// [`Database::connect`] for a relay: see [`relay_sessions`].
     pub fn connect_relay(url: &str, size: usize, schema: Schema) -> Result<Self, OutboxError> {
-        let mut config = parse_url(url)?;
-        let options = match config.get_options() {
-            Some(given) => format!("{given} -c enable_sort=off"),
-            None => "-c enable_sort=off".to_string(),
-        };
-        config.options(&options);
-        Ok(Self { pool: pool_from(config, size)?, schema })
+        Self::open(relay_sessions(Endpoint::parse(url)?), size, schema)
     }
 
     /// A pooled connection and `sql` prepared (and cached) on it.
@@ -185,22 +217,34 @@ impl Database {
     }
 }
 
-/// Parses a `postgres://` URL (no TLS: use a local socket or a TLS-terminating sidecar).
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, OutboxError> {
-    url.parse::<tokio_postgres::Config>().map_err(|e| OutboxError::InvalidUrl(e.to_string()))
+/// `endpoint` for a relay's pool: its sessions run with `enable_sort = off`.
+///
+/// Why: the claim wants the first `batch_size` due rows, which the
+/// `outbox_ready` index yields in order, so it reads only those. But
+/// right after a burst of enqueues, before autovacuum has analyzed the
+/// table, the planner still believes only a handful of rows are ready,
+/// and picks a bitmap scan of *every* ready row plus a sort: measured
+/// 37 ms per claim with 100k rows, ~300 ms with 1M, on every claim
+/// until the next ANALYZE. Without sorts it always walks the index
+/// (0.9 ms either way). Nothing else the relay runs needs a sort.
+pub fn relay_sessions(mut endpoint: Endpoint) -> Endpoint {
+    let options = match endpoint.config.get_options() {
+        Some(given) => format!("{given} -c enable_sort=off"),
+        None => "-c enable_sort=off".to_string(),
+    };
+    endpoint.config.options(&options);
+    endpoint
 }
 
 /// A connection pool of `size` connections, with bounded waits.
-pub fn pool(url: &str, size: usize) -> Result<Pool, OutboxError> {
-    pool_from(parse_url(url)?, size)
-}
-
-fn pool_from(mut config: tokio_postgres::Config, size: usize) -> Result<Pool, OutboxError> {
+pub fn pool(endpoint: Endpoint, size: usize) -> Result<Pool, OutboxError> {
+    let tls = endpoint.connector();
+    let mut config = endpoint.config;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
     config.application_name("idemgate");
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(size)
         .runtime(Runtime::Tokio1)

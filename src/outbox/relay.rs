@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use super::claim::{self, Claimed};
 use super::publisher::{Attempt, HttpPublisher, Publisher};
 use super::retry::{Class, Next, RetryPolicy};
-use super::{Database, OutboxError, Schema, migrate};
+use super::{Database, Endpoint, ErrorChain, OutboxError, Schema, migrate};
 use crate::config::{Config, RelayConfig};
 use crate::metrics::Metrics;
 
@@ -414,12 +414,12 @@ impl<P: Publisher> Relay<P> {
     /// without closing the connection) would otherwise hold the shutdown
     /// forever, since statements have no client-side timeout. A step cut
     /// short leaves its rows leased; they return when their leases expire.
-    pub async fn run(self, listen: Option<tokio_postgres::Config>, stop: CancellationToken) {
+    pub async fn run(self, listen: Option<Endpoint>, stop: CancellationToken) {
         let wake = Arc::new(Notify::new());
         // Dropping this future (an aborted task) must not leave the listener behind.
-        let listener = listen.map(|config| {
+        let listener = listen.map(|endpoint| {
             tokio_util::task::AbortOnDropHandle::new(tokio::spawn(super::listen::listen(
-                config,
+                endpoint,
                 wake.clone(),
                 stop.clone(),
             )))
@@ -522,20 +522,23 @@ async fn idle(wake: &Notify, stop: &CancellationToken, until: Instant) {
 }
 
 /// Builds the HTTP relay a config describes: checks the schema version first.
-pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Option<tokio_postgres::Config>), String> {
+pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>), String> {
     let url = config.relay.database_url.as_ref().ok_or("the relay needs relay.database_url or --database-url")?;
     if config.destinations.is_empty() {
         return Err("the relay needs at least one [destinations.<name>] in the config file".into());
     }
     let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    let db = Database::connect_relay(url.expose(), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
-    let client = db.pool.get().await.map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
+    // Parsed once: a bad sslmode or an unreadable sslrootcert stops the start here.
+    let endpoint = Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
+    let db = Database::open(super::relay_sessions(endpoint.clone()), config.relay.pool_size, schema)
+        .map_err(|e| e.to_string())?;
+    let client =
+        db.pool.get().await.map_err(|e| format!("cannot connect to {}: {}", url.redacted(), ErrorChain(&e)))?;
     migrate::require_current(&client, &db.schema).await.map_err(|e| e.to_string())?;
     drop(client);
     let publisher = HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
     let policies = config.destinations.iter().map(|(name, d)| (name.clone(), d.retry_policy())).collect();
-    let listen =
-        if config.relay.listen { Some(super::parse_url(url.expose()).map_err(|e| e.to_string())?) } else { None };
+    let listen = config.relay.listen.then_some(endpoint);
     Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))
 }
 

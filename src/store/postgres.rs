@@ -30,7 +30,8 @@
 //! (at most [`BEGIN_TRIES`] times), and the second run sees that attempt.
 //!
 //! URL: `postgres://user:pass@host:port/db?pool_size=16&timeout=2s&schema=idemgate`
-//! (`postgresql://` too); other query options go to the driver. `schema`
+//! (`postgresql://` too); other query options go to the driver, TLS ones
+//! (`sslmode`, `sslrootcert`) through [`crate::outbox::tls`]. `schema`
 //! (default `idemgate`) lets tests, or several gateways with separate key
 //! spaces, share one database.
 
@@ -41,7 +42,7 @@ use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
-use crate::outbox::{Database, OutboxError, Schema, migrate};
+use crate::outbox::{Database, Endpoint, OutboxError, Schema, migrate};
 
 /// How often expired rows are deleted.
 pub const CLEANUP_EVERY: Duration = Duration::from_secs(60);
@@ -106,6 +107,8 @@ fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError 
 fn from_outbox(e: OutboxError) -> StoreError {
     match e {
         OutboxError::InvalidUrl(m) => StoreError::InvalidUrl(m),
+        // The store's caller prints the (redacted) URL already.
+        OutboxError::Tls { source, .. } => StoreError::InvalidUrl(source.to_string()),
         other => unavailable(other),
     }
 }
@@ -136,8 +139,9 @@ impl PostgresStore {
         }
         let driver_url =
             if passthrough.is_empty() { base.to_string() } else { format!("{base}?{}", passthrough.join("&")) };
-        let db = Database::connect(&driver_url, pool_size, schema).map_err(from_outbox)?;
-        let mut client = migrate::connect(&driver_url).await.map_err(from_outbox)?;
+        let endpoint = Endpoint::parse(&driver_url).map_err(from_outbox)?;
+        let db = Database::open(endpoint.clone(), pool_size, schema).map_err(from_outbox)?;
+        let mut client = migrate::connect_to(&endpoint).await.map_err(from_outbox)?;
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
         let db = Arc::new(db);
         tokio::spawn(cleanup(Arc::downgrade(&db)));

@@ -8,6 +8,7 @@ pub mod outbox;
 pub mod outbox_check;
 pub mod postgres;
 pub mod postgres_server;
+pub mod postgres_tls;
 pub mod redis_server;
 pub mod relay_process;
 pub mod sink;

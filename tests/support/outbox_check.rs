@@ -36,7 +36,7 @@ use idemgate::outbox::Schema;
 use idemgate::outbox::enqueue::{Message, derived_key, enqueue_in};
 use rand::prelude::*;
 use serde_json::json;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::sink::Sink;
 
@@ -210,9 +210,9 @@ async fn enqueue_one(client: &mut Option<Client>, url: &str, schema: &Schema, ro
 
 /// A connection (5 s connect timeout), driven in the background.
 pub async fn connect(url: &str) -> Result<Client, String> {
-    let mut config = idemgate::outbox::parse_url(url).map_err(|e| e.to_string())?;
-    config.connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let mut endpoint = idemgate::outbox::Endpoint::parse(url).map_err(|e| e.to_string())?;
+    endpoint.config.connect_timeout(Duration::from_secs(5));
+    let (client, connection) = endpoint.connect().await.map_err(|e| e.to_string())?;
     tokio::spawn(connection);
     Ok(client)
 }

@@ -11,6 +11,11 @@
 //! PostgreSQL refuses to run as root: when the tests run as root, the
 //! server runs as the `postgres` user (the directory is handed to it).
 //!
+//! [`PostgresProcess::start_with`] takes a [`Setup`]: files for the data
+//! directory (a TLS certificate and key), lines for `postgresql.conf` and
+//! a `pg_hba.conf` of its own; they are written once, after `initdb`, so
+//! a restart keeps them. See [`super::postgres_tls`].
+//!
 //! Waits are blocking and bounded, as in [`super::redis_server`].
 
 use std::fs::{self, OpenOptions};
@@ -39,6 +44,18 @@ pub enum Stop {
     Kill,
 }
 
+/// What a server starts with beyond `initdb`'s defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// Files written into the data directory, owned by the server and
+    /// readable by it alone (PostgreSQL refuses a key file others can read).
+    pub files: Vec<(String, String)>,
+    /// Lines appended to `postgresql.conf` (`ssl = on`, …).
+    pub conf: Vec<String>,
+    /// A `pg_hba.conf` replacing `initdb`'s (which trusts every local connection).
+    pub hba: Option<String>,
+}
+
 /// One private `postgres`, killed when dropped.
 pub struct PostgresProcess {
     port: u16,
@@ -52,6 +69,11 @@ impl PostgresProcess {
     /// Creates a cluster (trust authentication, user `postgres`), starts it
     /// on a free port and waits until it accepts connections.
     pub fn start() -> Self {
+        Self::start_with(&Setup::default())
+    }
+
+    /// [`Self::start`] with `setup` applied to the new cluster before it starts.
+    pub fn start_with(setup: &Setup) -> Self {
         let dir = TempDir::new("postgres");
         let owner = server_owner();
         if let Some((uid, gid)) = owner {
@@ -59,6 +81,7 @@ impl PostgresProcess {
         }
         let mut server = Self { port: 0, dir, bin: bin_dir(), owner, child: None };
         server.initdb();
+        server.apply(setup);
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             server.port = free_port();
@@ -71,6 +94,11 @@ impl PostgresProcess {
             }
         }
         panic!("postgres did not start: {last_error}");
+    }
+
+    /// The port it listens on (127.0.0.1 only).
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
@@ -159,6 +187,33 @@ impl PostgresProcess {
             .output()
             .expect("run initdb");
         assert!(output.status.success(), "initdb failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    fn apply(&self, setup: &Setup) {
+        let data = self.data_dir();
+        for (name, contents) in &setup.files {
+            self.write_owned(&data.join(name), contents, 0o600);
+        }
+        if !setup.conf.is_empty() {
+            let mut conf = fs::read_to_string(data.join("postgresql.conf")).expect("read postgresql.conf");
+            conf.push('\n');
+            conf.push_str(&setup.conf.join("\n"));
+            conf.push('\n');
+            fs::write(data.join("postgresql.conf"), conf).expect("write postgresql.conf");
+        }
+        if let Some(hba) = &setup.hba {
+            self.write_owned(&data.join("pg_hba.conf"), hba, 0o600);
+        }
+    }
+
+    /// Writes a file the server owns, with `mode`.
+    fn write_owned(&self, path: &Path, contents: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("set the mode");
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("hand the file to postgres");
+        }
     }
 
     /// Spawns `postgres` and waits until `pg_isready` says it accepts connections.
