@@ -522,6 +522,24 @@ async fn a_cluster_store_opens_while_every_node_is_down_and_works_once_the_clust
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
+/// A third of the keys live on each master: with one of them dead the
+/// cluster is not ready, although the other two still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_master_down_does_not_answer_ping() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("start the cluster");
+    let store = RedisStore::open(&with_option(&cluster.url(), "timeout", "500ms")).await.expect("open");
+    store.ping().await.expect("ping with every master up");
+    tokio::task::block_in_place(|| cluster.stop_node(1));
+    let outcome = store.ping().await;
+    let dead = format!("127.0.0.1:{}", cluster.port(1));
+    assert!(
+        matches!(&outcome, Err(e @ StoreError::Unavailable(_)) if e.to_string().contains(&dead)),
+        "one master down names it: {outcome:?}"
+    );
+    tokio::task::block_in_place(|| cluster.start_again());
+    store.ping().await.expect("ping once the master is back");
+}
+
 /// What cannot work is refused at open, before any connection is tried.
 #[tokio::test]
 async fn a_redis_url_that_cannot_work_fails_at_open() {

@@ -20,13 +20,16 @@
 //! Until a connection is made every operation fails with
 //! [`StoreError::Unavailable`] (or [`StoreError::Timeout`]) within the store
 //! timeout, which the gateway turns into its fail mode, and `/readyz`
-//! into "not ready".
+//! into "not ready". On a Cluster, [`Store::ping`] (readiness) holds only
+//! while every slot has a master and every master answers (`readiness`).
 //!
 //! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
 //! `redis+cluster://host1:port1,host2:port2` and `rediss+cluster://…`.
 //! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
 //! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
 //! CAs instead of the bundled Mozilla roots).
+
+mod readiness;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +38,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterConfig;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, RedisResult, Script, TlsCertificates, Value};
+use redis::{FromRedisValue, IntoConnectionInfo, Script, TlsCertificates, Value};
 
 use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
@@ -261,7 +264,7 @@ impl RedisStore {
         // a failed attempt also starts the connection's own reconnect.
         if let Err(e) = store.ping().await {
             let url = crate::config::ServiceUrl::new(url).redacted();
-            tracing::warn!(store = %url, error = %e, "redis store not reachable at start; connecting when it is");
+            tracing::warn!(store = %url, error = %e, "redis store not ready at start; trying again with each operation");
         }
         Ok(store)
     }
@@ -315,7 +318,10 @@ impl RedisStore {
     }
 
     /// One Redis call under the store timeout.
-    async fn bounded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
+    async fn bounded<T, E: std::error::Error + Send + Sync + 'static>(
+        &self,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| StoreError::Unavailable(Box::new(e))),
             Err(_) => Err(StoreError::Timeout),
@@ -437,6 +443,10 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.command::<String>(redis::cmd("PING")).await.map(drop)
+        match &self.connection {
+            Connection::Single(_) => self.command::<String>(redis::cmd("PING")).await.map(drop),
+            // Not the crate's own PING to all masters: it answers with one dead.
+            Connection::Cluster(cluster) => self.bounded(readiness::every_master_answers(&mut cluster.clone())).await,
+        }
     }
 }

@@ -237,6 +237,19 @@ impl RedisCluster {
         format!("redis+cluster://{}", hosts.join(","))
     }
 
+    /// The client port of one node.
+    pub fn port(&self, index: usize) -> u16 {
+        self.nodes[index].port
+    }
+
+    /// Kills one master (by PID) and waits for it to exit; with no
+    /// replicas, its slots stay unserved.
+    pub fn stop_node(&mut self, index: usize) {
+        if let Some(child) = self.nodes[index].child.take() {
+            kill(child);
+        }
+    }
+
     /// Kills every node (by PID) and waits for each to exit.
     pub fn stop(&mut self) {
         for child in self.nodes.iter_mut().filter_map(|n| n.child.take()) {
