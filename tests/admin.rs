@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use idemgate::config::{AdminAuth, Config, Secret};
 use support::gateway::{TestGateway, config};
-use support::redis_server::RedisProcess;
+use support::redis_server::{RedisCluster, RedisProcess};
 use support::upstream::Upstream;
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -28,6 +28,17 @@ async fn health_and_readiness_follow_the_store() {
     let not_ready = gateway.admin("GET", "/readyz").send().await;
     assert_eq!(not_ready.status, 503);
     assert_eq!(gateway.admin("GET", "/healthz").send().await.status, 200, "alive even when not ready");
+}
+
+#[tokio::test]
+async fn a_redis_cluster_with_one_master_down_is_not_ready() {
+    let mut cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), &format!("{}?timeout=300ms", cluster.url()))).await;
+    assert_eq!(gateway.admin("GET", "/readyz").send().await.status, 200);
+    cluster.stop_node(2);
+    let not_ready = gateway.admin("GET", "/readyz").send().await;
+    assert_eq!(not_ready.status, 503, "{}", not_ready.text());
 }
 
 #[tokio::test]

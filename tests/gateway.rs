@@ -252,6 +252,46 @@ async fn fail_open_forwards_unguarded_when_the_store_is_down() {
     assert_eq!(upstream.count_for("open"), 1);
 }
 
+/// A pod that restarts at the same moment as its Redis: the gateway starts
+/// anyway, refuses guarded requests and reports not ready while Redis is
+/// down, and serves (once per key) as soon as Redis answers.
+#[tokio::test]
+async fn a_gateway_started_while_redis_is_down_fails_closed_until_redis_answers() {
+    let mut redis = RedisProcess::start();
+    redis.stop();
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), &format!("{}?timeout=500ms", redis.url()));
+    config.gateway.store_timeout = ConfigDuration(Duration::from_millis(700));
+    let gateway = TestGateway::start(config).await;
+    let refused = gateway.post("/charge").key("at-start").json(CHARGE).send().await;
+    assert_eq!((refused.status, refused.problem().as_str()), (503, "store-unavailable"));
+    assert!(refused.headers.contains_key("retry-after"));
+    assert_eq!(gateway.admin("GET", "/readyz").send().await.status, 503);
+    assert_eq!(upstream.count_for("at-start"), 0, "nothing is forwarded while the store is down");
+
+    redis.start_again();
+    assert_eq!(gateway.admin("GET", "/readyz").send().await.status, 200, "ready as soon as Redis answers");
+    let first = gateway.post("/charge").key("at-start").json(CHARGE).send().await;
+    assert_eq!(first.status, 201);
+    let retry = gateway.post("/charge").key("at-start").json(CHARGE).send().await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.count_for("at-start"), 1);
+}
+
+#[tokio::test]
+async fn fail_open_forwards_unguarded_when_the_gateway_starts_while_redis_is_down() {
+    let mut redis = RedisProcess::start();
+    redis.stop();
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), &format!("{}?timeout=500ms", redis.url()));
+    config.gateway.fail_mode = FailMode::Open;
+    let gateway = TestGateway::start(config).await;
+    assert_eq!(gateway.post("/charge").key("open-at-start").json(CHARGE).send().await.status, 201);
+    assert_eq!(upstream.count_for("open-at-start"), 1);
+    assert_eq!(gateway.admin("GET", "/readyz").send().await.status, 503, "forwarding unguarded is not ready");
+}
+
 #[tokio::test]
 async fn malformed_keys_are_rejected_before_anything_is_forwarded() {
     let upstream = Upstream::start().await;

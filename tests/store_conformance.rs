@@ -478,6 +478,84 @@ async fn a_redis_store_reports_an_outage_within_its_timeout_and_recovers() {
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
+/// A store opened while its server is down opens all the same, fails every
+/// call until the server answers, and then works from the first call on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_store_opens_while_its_server_is_down_and_works_once_it_returns() {
+    let mut server = tokio::task::spawn_blocking(RedisProcess::start).await.expect("start redis-server");
+    tokio::task::block_in_place(|| server.stop());
+    let store = RedisStore::open(&with_option(&server.url(), "timeout", "500ms")).await.expect("opens while down");
+    let (key, fp) = (fresh_key(), fresh_fingerprint());
+    for _ in 0..3 {
+        let outcome = store.try_begin(&key, &fp, Fence::random(), LEASE).await;
+        assert!(matches!(outcome, Err(StoreError::Unavailable(_))), "while down: {outcome:?}");
+        assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))), "ping while down");
+    }
+    // The outage outlasts the reconnect the last call started (two refused
+    // connects and at most 500 ms between them), as a real one does: that
+    // attempt has failed for good when the server returns. Nothing signals
+    // its end, so this waits for time itself.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    tokio::task::block_in_place(|| server.start_again());
+    store.ping().await.expect("the first ping after the server returns connects");
+    let fence = acquire(&store, &key, &fp, LEASE).await;
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
+}
+
+/// The same for a cluster whose every node is down when the store opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_opens_while_every_node_is_down_and_works_once_the_cluster_is_up() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("start the cluster");
+    tokio::task::block_in_place(|| cluster.stop());
+    let store = RedisStore::open(&with_option(&cluster.url(), "timeout", "500ms")).await.expect("opens while down");
+    let (key, fp) = (fresh_key(), fresh_fingerprint());
+    let outcome = store.try_begin(&key, &fp, Fence::random(), LEASE).await;
+    assert!(matches!(outcome, Err(StoreError::Unavailable(_))), "while down: {outcome:?}");
+    assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))), "ping while down");
+
+    tokio::task::block_in_place(|| cluster.start_again());
+    store.ping().await.expect("the first ping after the cluster is up connects");
+    let fence = acquire(&store, &key, &fp, LEASE).await;
+    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
+}
+
+/// A third of the keys live on each master: with one of them dead the
+/// cluster is not ready, although the other two still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_master_down_does_not_answer_ping() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("start the cluster");
+    let store = RedisStore::open(&with_option(&cluster.url(), "timeout", "500ms")).await.expect("open");
+    store.ping().await.expect("ping with every master up");
+    tokio::task::block_in_place(|| cluster.stop_node(1));
+    let outcome = store.ping().await;
+    let dead = format!("127.0.0.1:{}", cluster.port(1));
+    assert!(
+        matches!(&outcome, Err(e @ StoreError::Unavailable(_)) if e.to_string().contains(&dead)),
+        "one master down names it: {outcome:?}"
+    );
+    tokio::task::block_in_place(|| cluster.start_again());
+    store.ping().await.expect("ping once the master is back");
+}
+
+/// What cannot work is refused at open, before any connection is tried.
+#[tokio::test]
+async fn a_redis_url_that_cannot_work_fails_at_open() {
+    for url in [
+        "redis://127.0.0.1:1/0?prefix={x}",
+        "redis://127.0.0.1:1/0?timeout=soon",
+        "redis://127.0.0.1:1/0?ca_file=/nonexistent/ca.pem",
+        "redis://127.0.0.1:1/notadb",
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1:1?timeout=soon",
+    ] {
+        let opened = RedisStore::open(url).await;
+        assert!(matches!(opened, Err(StoreError::InvalidUrl(_))), "{url}: {:?}", opened.err());
+    }
+}
+
 /// With encryption keys, the Postgres store keeps responses sealed at rest
 /// (the cluster run covers sealing against every case; this looks at the row).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,8 +119,9 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// Opens the store a URL names (connects, for networked stores). With a
-    /// sealer, networked stores keep responses encrypted at rest.
+    /// Opens the store a URL names: Postgres connects (and migrates) now,
+    /// Redis only checks the URL and connects once it can. With a sealer,
+    /// networked stores keep responses encrypted at rest.
     pub async fn open(url: &str, sealer: Option<Arc<Sealer>>) -> Result<Self, StoreError> {
         let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
         match scheme.as_str() {

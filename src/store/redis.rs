@@ -13,19 +13,32 @@
 //! hash-tagged (`{…}`) so that any future second key of the same record
 //! lands in the same Cluster slot.
 //!
+//! The store starts whether or not Redis answers: `open` checks the URL at
+//! once but connects lazily, with the redis crate's own reconnecting
+//! connections (`ConnectionManager`, the pending `ClusterConnection`), so a
+//! gateway that starts at the same moment as its Redis heals by itself.
+//! Until a connection is made every operation fails with
+//! [`StoreError::Unavailable`] (or [`StoreError::Timeout`]) within the store
+//! timeout, which the gateway turns into its fail mode, and `/readyz`
+//! into "not ready". On a Cluster, [`Store::ping`] (readiness) holds only
+//! while every slot has a master and every master answers (`readiness`).
+//!
 //! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
 //! `redis+cluster://host1:port1,host2:port2` and `rediss+cluster://…`.
 //! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
 //! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
 //! CAs instead of the bundled Mozilla roots).
 
+mod readiness;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterConfig;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, RedisResult, Script, TlsCertificates, Value};
+use redis::{FromRedisValue, IntoConnectionInfo, Script, TlsCertificates, Value};
 
 use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
@@ -138,6 +151,19 @@ impl ConnectionLike for Connection {
     }
 }
 
+impl Connection {
+    /// Whether a call failed because the connect attempt it waited for was
+    /// refused, so the command never left and is safe to send once more.
+    /// The connection manager keeps a failed attempt until a call sees it
+    /// and only then starts the next; sending again waits for that one, so
+    /// the first call after Redis returns succeeds instead of reporting the
+    /// outage that has just ended. (A cluster connection retries by itself,
+    /// and its refusals may follow a command that did reach a node.)
+    fn never_sent(&self, error: &redis::RedisError) -> bool {
+        matches!(self, Self::Single(_)) && error.is_connection_refusal()
+    }
+}
+
 struct Scripts {
     begin: Script,
     get: Script,
@@ -156,7 +182,9 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to the server or cluster a URL names.
+    /// Opens a store on the server or cluster a URL names. A URL or option
+    /// that cannot work fails at once; a server that does not answer only
+    /// logs a warning (see the module docs).
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let base = url.split_once('?').map_or(url, |(base, _)| base);
         let mut prefix = "idemgate:".to_string();
@@ -177,7 +205,6 @@ impl RedisStore {
             }
         }
         let suffix = if passthrough.is_empty() { String::new() } else { format!("?{}", passthrough.join("&")) };
-        let unavailable = |e: redis::RedisError| StoreError::Unavailable(Box::new(e));
         let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
         let cluster = base.strip_prefix("redis+cluster://").map(|n| ("redis", n));
         let cluster = cluster.or_else(|| base.strip_prefix("rediss+cluster://").map(|n| ("rediss", n)));
@@ -193,16 +220,15 @@ impl RedisStore {
             if urls.is_empty() {
                 return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
             }
-            let mut builder = redis::cluster::ClusterClient::builder(urls)
-                .tcp_settings(no_delay())
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .retries(2);
+            let mut builder = redis::cluster::ClusterClient::builder(urls).tcp_settings(no_delay()).retries(2);
             if let Some(certificates) = certificates {
                 builder = builder.certs(certificates);
             }
             let client = builder.build().map_err(invalid)?;
-            Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
+            // The pending connection takes its timeouts from this config (a
+            // builder's response timeout would be reset to none).
+            let config = ClusterConfig::new().set_connection_timeout(timeout).set_response_timeout(timeout);
+            Connection::Cluster(client.get_pending_async_connection_with_config(config))
         } else {
             let info = format!("{base}{suffix}").into_connection_info().map_err(invalid)?.set_tcp_settings(no_delay());
             let client = match certificates {
@@ -210,15 +236,18 @@ impl RedisStore {
                 None => redis::Client::open(info).map_err(invalid)?,
             };
             // No response timeout in the client: every call is bounded once,
-            // in `bounded`, and a second timer per call only costs.
+            // in `bounded`, and a second timer per call only costs. One try
+            // per connect attempt: while Redis is down, each failed call
+            // starts the next attempt (one at a time, shared by concurrent
+            // calls), so a call fails at once instead of waiting out a
+            // backoff, and the first call after Redis returns connects.
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(None)
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(500));
-            Connection::Single(ConnectionManager::new_with_config(client, config).await.map_err(unavailable)?)
+                .set_number_of_retries(0);
+            Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
         };
-        Ok(Self {
+        let store = Self {
             sealer: None,
             connection,
             scripts: Scripts {
@@ -230,7 +259,14 @@ impl RedisStore {
             },
             prefix,
             timeout,
-        })
+        };
+        // One attempt now, so an outage at start is logged where it is seen;
+        // a failed attempt also starts the connection's own reconnect.
+        if let Err(e) = store.ping().await {
+            let url = crate::config::ServiceUrl::new(url).redacted();
+            tracing::warn!(store = %url, error = %e, "redis store not ready at start; trying again with each operation");
+        }
+        Ok(store)
     }
 
     /// Seals stored responses with these keys from now on.
@@ -261,16 +297,31 @@ impl RedisStore {
 
     async fn run<T: FromRedisValue>(&self, invocation: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.bounded(invocation.invoke_async(&mut connection)).await
+        self.bounded(async {
+            match invocation.invoke_async(&mut connection).await {
+                Err(e) if connection.never_sent(&e) => invocation.invoke_async(&mut connection).await,
+                result => result,
+            }
+        })
+        .await
     }
 
     async fn command<T: FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.bounded(cmd.query_async(&mut connection)).await
+        self.bounded(async {
+            match cmd.query_async(&mut connection).await {
+                Err(e) if connection.never_sent(&e) => cmd.query_async(&mut connection).await,
+                result => result,
+            }
+        })
+        .await
     }
 
     /// One Redis call under the store timeout.
-    async fn bounded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
+    async fn bounded<T, E: std::error::Error + Send + Sync + 'static>(
+        &self,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| StoreError::Unavailable(Box::new(e))),
             Err(_) => Err(StoreError::Timeout),
@@ -392,6 +443,10 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.command::<String>(redis::cmd("PING")).await.map(drop)
+        match &self.connection {
+            Connection::Single(_) => self.command::<String>(redis::cmd("PING")).await.map(drop),
+            // Not the crate's own PING to all masters: it answers with one dead.
+            Connection::Cluster(cluster) => self.bounded(readiness::every_master_answers(&mut cluster.clone())).await,
+        }
     }
 }

@@ -162,9 +162,15 @@ impl Drop for RedisProcess {
 
 /// A three-master Redis Cluster of private processes, killed when dropped.
 pub struct RedisCluster {
-    ports: Vec<u16>,
-    children: Vec<Child>,
+    nodes: Vec<ClusterNode>,
     dir: TempDir,
+}
+
+/// One node: its client and bus ports, and the process while it runs.
+struct ClusterNode {
+    port: u16,
+    bus_port: u16,
+    child: Option<Child>,
 }
 
 impl RedisCluster {
@@ -173,13 +179,12 @@ impl RedisCluster {
     pub fn start() -> Self {
         const NODES: usize = 3;
         let dir = TempDir::new("redis-cluster");
-        let mut cluster = Self { ports: Vec::new(), children: Vec::new(), dir };
+        let mut cluster = Self { nodes: Vec::new(), dir };
         for _ in 0..NODES {
-            let (port, child) = cluster.start_node();
-            cluster.ports.push(port);
-            cluster.children.push(child);
+            let node = cluster.start_node();
+            cluster.nodes.push(node);
         }
-        let addresses: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let log_path = cluster.dir.0.join("cluster-create.log");
         let log = File::create(&log_path).expect("create the cluster-create log");
         let mut create = Command::new("redis-cli")
@@ -209,59 +214,101 @@ impl RedisCluster {
             "redis-cli --cluster create failed ({status:?}):\n{}",
             fs::read_to_string(&log_path).unwrap_or_default()
         );
-        let deadline = Instant::now() + START_TIMEOUT;
-        for &port in &cluster.ports {
-            loop {
-                let info = command(port, &["CLUSTER", "INFO"]).unwrap_or_default();
-                if info.lines().any(|line| line.trim() == "cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster node {port} not ok after {START_TIMEOUT:?}: {info}");
-                std::thread::sleep(POLL_INTERVAL);
-            }
-        }
+        cluster.wait_until_ok();
         cluster
     }
 
-    fn start_node(&self) -> (u16, Child) {
+    /// Waits until every node reports `cluster_state:ok`. A restarted
+    /// master waits a moment before it says so; the bound covers that.
+    fn wait_until_ok(&self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        for node in &self.nodes {
+            loop {
+                let info = command(node.port, &["CLUSTER", "INFO"]).unwrap_or_default();
+                if info.lines().any(|line| line.trim() == "cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster node {} not ok after {START_TIMEOUT:?}: {info}", node.port);
+                std::thread::sleep(POLL_INTERVAL);
+            }
+        }
+    }
+
+    fn start_node(&self) -> ClusterNode {
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_port();
             // The bus port is named explicitly: the default (port + 10000)
             // overflows for ports the kernel hands out above 55535.
-            let bus_port = free_port().to_string();
-            let config = self.dir.0.join(format!("nodes-{port}.conf"));
-            let config = config.to_str().expect("temp dir path is UTF-8");
-            let cluster_args = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                config,
-                "--cluster-node-timeout",
-                "5000",
-                "--cluster-port",
-                &bus_port,
-            ];
-            match spawn_server(port, &self.dir.0, &cluster_args) {
-                Ok(child) => return (port, child),
+            let (port, bus_port) = (free_port(), free_port());
+            match self.spawn_node(port, bus_port) {
+                Ok(child) => return ClusterNode { port, bus_port, child: Some(child) },
                 Err(e) => last_error = e,
             }
         }
         panic!("cluster node did not start: {last_error}");
     }
 
+    fn spawn_node(&self, port: u16, bus_port: u16) -> Result<Child, String> {
+        let config = self.dir.0.join(format!("nodes-{port}.conf"));
+        let config = config.to_str().expect("temp dir path is UTF-8");
+        let bus_port = bus_port.to_string();
+        let cluster_args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            config,
+            "--cluster-node-timeout",
+            "5000",
+            "--cluster-port",
+            &bus_port,
+        ];
+        spawn_server(port, &self.dir.0, &cluster_args)
+    }
+
     /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The client port of one node.
+    pub fn port(&self, index: usize) -> u16 {
+        self.nodes[index].port
+    }
+
+    /// Kills one master (by PID) and waits for it to exit; with no
+    /// replicas, its slots stay unserved.
+    pub fn stop_node(&mut self, index: usize) {
+        if let Some(child) = self.nodes[index].child.take() {
+            kill(child);
+        }
+    }
+
+    /// Kills every node (by PID) and waits for each to exit.
+    pub fn stop(&mut self) {
+        for child in self.nodes.iter_mut().filter_map(|n| n.child.take()) {
+            kill(child);
+        }
+    }
+
+    /// Starts every stopped node again on its ports; each reloads its
+    /// cluster config (slots, peers), so the same cluster forms again
+    /// (empty: persistence is off). Waits until every node is ok.
+    pub fn start_again(&mut self) {
+        for index in 0..self.nodes.len() {
+            let ClusterNode { port, bus_port, child: None } = self.nodes[index] else { continue };
+            let child = self
+                .spawn_node(port, bus_port)
+                .unwrap_or_else(|e| panic!("cluster node did not restart on port {port}: {e}"));
+            self.nodes[index].child = Some(child);
+        }
+        self.wait_until_ok();
     }
 }
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in self.children.drain(..) {
-            kill(child);
-        }
+        self.stop();
     }
 }
 
