@@ -59,7 +59,7 @@ async fn long_targets_and_large_headers_get_problem_json_414_and_431() {
         (
             format!(
                 "GET / HTTP/1.1\r\nhost: x\r\n{}connection: close\r\n\r\n",
-                (0..150).map(|n| format!("x-{n}: v\r\n")).collect::<String>()
+                (0..90).map(|n| format!("x-{n}: {}\r\n", "v".repeat(400))).collect::<String>()
             ),
             431,
             "headers-too-large",

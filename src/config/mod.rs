@@ -330,8 +330,7 @@ pub struct GatewayConfig {
     pub max_streams_per_connection: u32,
     /// Longest request target (path and query) accepted; longer gets `414`.
     pub max_uri_bytes: ByteSize,
-    /// Most request header bytes (names and values) accepted; more, or more
-    /// than 100 fields, gets `431`.
+    /// Most request header bytes (names and values) accepted; more gets `431`.
     pub max_header_bytes: ByteSize,
     /// Request body bytes buffered at once for one client connection (all
     /// its HTTP/2 streams together); at least `max_request_body`.

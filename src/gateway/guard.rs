@@ -19,6 +19,7 @@
 //! 5. the client's disconnect cannot cancel steps 3 and 4.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -60,7 +61,12 @@ pub(super) async fn run<S: Store>(
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let read = match declared {
         Some(len) if len > limit => Err(BodyError::TooLarge(limit)),
-        _ => read_whole(&mut body, limit, &connection.body_budget, policy.request_body_timeout).await,
+        // Only HTTP/2 multiplexes bodies on one connection; an HTTP/1.1
+        // connection holds one request's body at a time.
+        _ => {
+            let budget = (parts.version == Version::HTTP_2).then_some(&connection.body_budget);
+            read_whole(&mut body, limit, budget, policy.request_body_timeout).await
+        }
     };
     let body = match read {
         Ok(body) => body,
@@ -83,6 +89,7 @@ pub(super) async fn run<S: Store>(
         fence,
         client: connection.client.clone(),
         hashed: hashed.clone(),
+        head_status: AtomicU16::new(0),
     };
     let (outcome, response) = match begin {
         Ok(Begin::Acquired { took_over }) => {
@@ -178,6 +185,8 @@ struct Attempt<S> {
     client: ClientInfo,
     /// The logged form of the key.
     hashed: Option<String>,
+    /// The upstream's response status once its head arrived (0 before).
+    head_status: AtomicU16,
 }
 
 impl<S: Store> Attempt<S> {
@@ -212,7 +221,13 @@ impl<S: Store> Attempt<S> {
                             "the upstream is slower than upstream_timeout: answering 504, the attempt goes on"
                         );
                         answer(&mut reply, (Outcome::TimedOut, Problem::UpstreamTimeout { still_running: true }));
-                        self.renewing(&mut renewed_at, forward).await
+                        // The deadline's timer only starts now: the common,
+                        // fast path pays for one timer, not two.
+                        let rest = policy.upstream_deadline.saturating_sub(policy.upstream_timeout);
+                        match self.renewing(&mut renewed_at, tokio::time::timeout(rest, forward)).await {
+                            Ok(forward) => forward,
+                            Err(_) => self.past_deadline(),
+                        }
                     }
                 }
             }
@@ -234,8 +249,16 @@ impl<S: Store> Attempt<S> {
         }
     }
 
-    /// Sends the request and reads the body up to the cap, all within the
-    /// upstream deadline.
+    /// The attempt ran past `upstream_deadline`.
+    fn past_deadline(&self) -> Forward {
+        let deadline = self.gateway.policy.upstream_deadline;
+        self.route.latency.observe(deadline);
+        let status = StatusCode::from_u16(self.head_status.load(Ordering::Relaxed)).ok();
+        Forward::Failed { status, error: UpstreamError::TimedOut(deadline) }
+    }
+
+    /// Sends the request and reads the body up to the cap; the caller
+    /// bounds how long that may take.
     async fn forward(&self, request: Request<ResponseBody>) -> Forward {
         let policy = &self.gateway.policy;
         let cap = policy.max_stored_response;
@@ -245,6 +268,7 @@ impl<S: Store> Attempt<S> {
             let response = self.route.upstream.send(request, policy.upstream_timeout).await?;
             let (mut head, mut body) = response.into_parts();
             status = Some(head.status);
+            self.head_status.store(head.status.as_u16(), Ordering::Relaxed);
             clean_response_head(&mut head);
             let mut prefix = BytesMut::new();
             while let Some(frame) = body.frame().await {
@@ -258,8 +282,7 @@ impl<S: Store> Attempt<S> {
             }
             Ok(Buffered { head, prefix: prefix.freeze(), rest: None })
         };
-        let deadline = policy.upstream_deadline;
-        let result = tokio::time::timeout(deadline, call).await;
+        let result = call.await;
         let elapsed = sent.elapsed();
         self.route.latency.observe(elapsed);
         self.gateway
@@ -268,9 +291,8 @@ impl<S: Store> Attempt<S> {
             .with_label_values(&[self.route.name.as_str()])
             .observe(elapsed.as_secs_f64());
         match result {
-            Ok(Ok(buffered)) => Forward::Answered(buffered),
-            Ok(Err(error)) => Forward::Failed { status, error },
-            Err(_) => Forward::Failed { status, error: UpstreamError::TimedOut(deadline) },
+            Ok(buffered) => Forward::Answered(buffered),
+            Err(error) => Forward::Failed { status, error },
         }
     }
 

@@ -148,9 +148,6 @@ pub struct Policy {
     pub max_header_bytes: u64,
 }
 
-/// Most request header fields accepted (hyper itself refuses past twice this).
-pub const MAX_HEADER_FIELDS: usize = 100;
-
 /// The gateway's shared state; one per process, behind an `Arc`.
 pub struct Gateway<S> {
     store: S,
@@ -251,9 +248,8 @@ impl<S: Store> Gateway<S> {
         if target as u64 > self.policy.max_uri_bytes {
             return Err(Problem::UriTooLong { limit: self.policy.max_uri_bytes });
         }
-        let headers = request.headers();
-        let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
-        if headers.len() > MAX_HEADER_FIELDS || bytes as u64 > self.policy.max_header_bytes {
+        let bytes: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+        if bytes as u64 > self.policy.max_header_bytes {
             return Err(Problem::HeadersTooLarge { limit: self.policy.max_header_bytes });
         }
         Ok(())
@@ -289,7 +285,10 @@ impl<S: Store> Gateway<S> {
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
-        let body = boxed(Paced::new(body, self.policy.request_body_timeout));
+        let body = match http_body::Body::is_end_stream(&body) {
+            true => boxed(body),
+            false => boxed(Paced::new(body, self.policy.request_body_timeout)),
+        };
         let request = match upstream::rewrite(route, parts, body, &connection.client, None) {
             Ok(request) => request,
             Err(e) => {

@@ -44,7 +44,7 @@ pub enum Problem {
         /// The limit in bytes.
         limit: u64,
     },
-    /// The request headers are over `max_header_bytes` or 100 fields.
+    /// The request headers are over `max_header_bytes`.
     HeadersTooLarge {
         /// The limit in bytes.
         limit: u64,
@@ -192,7 +192,7 @@ impl Problem {
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
             Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),
             Self::UriTooLong { limit } => format!("The request target (path and query) is longer than {limit} bytes. It was not forwarded."),
-            Self::HeadersTooLarge { limit } => format!("The request headers exceed {limit} bytes or 100 fields. It was not forwarded."),
+            Self::HeadersTooLarge { limit } => format!("The request headers exceed {limit} bytes. It was not forwarded."),
             Self::BodyTimeout => "The request body did not arrive in time. It was not forwarded; nothing was recorded for its key.".into(),
             Self::UpstreamUnavailable { sent: false } => "The upstream could not be reached; the request was not sent to it. Retrying (with the same Idempotency-Key, if any) runs it.".into(),
             Self::UpstreamUnavailable { sent: true } => "The upstream failed after the request was sent to it, with an answer that does not count as executed, and no response was stored. Retrying with the same Idempotency-Key runs the request again.".into(),

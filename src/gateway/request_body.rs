@@ -73,13 +73,14 @@ pub struct BufferedBody {
     _held: Option<OwnedSemaphorePermit>,
 }
 
-/// Reads a guarded body whole: at most `limit` bytes, by `deadline`, each
-/// chunk admitted only when the connection's budget has room for it.
-/// On [`BodyError::TooLarge`] the caller still owns `body`, for [`linger`].
+/// Reads a guarded body whole: at most `limit` bytes, within `timeout`,
+/// each chunk admitted only when the connection's budget (if any) has room
+/// for it. On [`BodyError::TooLarge`] the caller still owns `body`, for
+/// [`linger`].
 pub async fn read_whole(
     body: &mut Incoming,
     limit: u64,
-    budget: &BodyBudget,
+    budget: Option<&BodyBudget>,
     timeout: Duration,
 ) -> Result<BufferedBody, BodyError> {
     let deadline = Instant::now() + timeout;
@@ -95,9 +96,10 @@ pub async fn read_whole(
         if buffer.len() as u64 + data.len() as u64 > limit {
             return Err(BodyError::TooLarge(limit));
         }
-        if data.is_empty() {
+        let Some(budget) = budget.filter(|_| !data.is_empty()) else {
+            buffer.extend_from_slice(&data);
             continue;
-        }
+        };
         // `limit` never exceeds the budget (config checks it), so a body
         // under the limit always fits once other streams give theirs back.
         let wanted = u32::try_from(data.len()).map_err(|_| BodyError::TooLarge(limit))?;
@@ -132,17 +134,18 @@ pub fn linger(mut body: Incoming) {
 
 /// A streamed request body that fails when the client pauses longer than
 /// `idle` between two chunks, so a stalled upload cannot hold an upstream
-/// connection (and a client connection) for ever.
+/// connection (and a client connection) for ever. The timer exists only
+/// while the body is waiting: a body that arrives with its head costs none.
 pub struct Paced<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B> Paced<B> {
     /// Wraps `inner`.
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+        Self { inner, idle, timer: None }
     }
 }
 
@@ -158,18 +161,20 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let idle = this.idle;
-                this.timer.as_mut().reset(Instant::now() + idle);
+                this.timer = None;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    Poll::Ready(Some(Err(
-                        format!("the client paused its request body for more than {:?}", this.idle).into()
-                    )))
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                        "the client paused its request body for more than {idle:?}"
+                    )
+                    .into()))),
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Pending => Poll::Pending,
-            },
+            }
         }
     }
 
@@ -202,7 +207,7 @@ mod tests {
             let (budget, events) = (budget.clone(), events.clone());
             async move {
                 let mut body = request.into_body();
-                let read = read_whole(&mut body, 1000, &budget, Duration::from_secs(5)).await;
+                let read = read_whole(&mut body, 1000, Some(&budget), Duration::from_secs(5)).await;
                 let _ = events.send((name, read.map(|b| b.bytes.len()).map_err(|e| e.to_string())));
                 Ok::<_, std::convert::Infallible>(Response::new(Empty::<Bytes>::new()))
             }

@@ -108,13 +108,9 @@ pub(crate) async fn serve_listener<F, Fut>(
     Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper refuses twice the gateway's own field limit by itself, so the
-    // gateway's problem+json 431 is what a client meets first.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_headers(2 * super::MAX_HEADER_FIELDS);
+    // hyper's own limit of 100 header fields stays: raising it makes hyper
+    // allocate its header index for every request instead of keeping it inline.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let closing = CancellationToken::new();
