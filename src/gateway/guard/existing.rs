@@ -1,0 +1,125 @@
+//! Requests whose key already has a record, and requests the store could
+//! not record: replay, `409`, `422`, `502 outcome-unknown`, waiting for a
+//! running attempt, and fail-closed or fail-open.
+
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use tokio::time::Instant;
+
+use super::attempt::{Attempt, Forward, respond};
+use super::{Answer, unguarded_problem};
+use crate::config::{ConcurrentMode, FailMode};
+use crate::gateway::Outcome;
+use crate::gateway::body::{ResponseBody, full};
+use crate::gateway::headers::IDEMPOTENT_REPLAYED;
+use crate::gateway::problem::Problem;
+use crate::gateway::request_body::BufferedBody;
+use crate::gateway::upstream::{UpstreamError, rewrite};
+use crate::idempotency::{Decision, Fingerprint, Record, StoredResponse, decide};
+use crate::store::Store;
+
+impl<S: Store> Attempt<S> {
+    /// The answer to a request whose key already has a record. With
+    /// `concurrent = "wait"` a duplicate of a running attempt polls (never
+    /// begins) until that attempt settles: it replays a completion, and if
+    /// the attempt was released or taken over it gets `409` instead of
+    /// running the request itself, so N waiters never run it N times.
+    pub(super) async fn answer_existing(&self, mut record: Record, fingerprint: &Fingerprint) -> Answer {
+        let policy = &self.gateway.policy;
+        let awaited = match record {
+            Record::InFlight { fence, .. } => Some(fence),
+            _ => None,
+        };
+        let wait_until = Instant::now() + policy.wait_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let retry_after = match decide(Some(&record), fingerprint) {
+                Decision::Mismatch => return (Outcome::Mismatch, Problem::KeyMismatch.to_response()),
+                Decision::Replay(stored) => return (Outcome::Replayed, replay(stored)),
+                Decision::NotReplayable => {
+                    return (Outcome::NotReplayable, Problem::ResponseNotReplayable.to_response());
+                }
+                Decision::OutcomeUnknown => {
+                    return (Outcome::Held, Problem::OutcomeUnknown { held: true }.to_response());
+                }
+                Decision::InFlight { retry_after } => retry_after,
+                // Only if the record changed between two reads: busy.
+                Decision::Start | Decision::TakeOver => Duration::from_secs(1),
+            };
+            let in_flight = |retry_after| (Outcome::Conflict, Problem::RequestInFlight { retry_after }.to_response());
+            if policy.concurrent != ConcurrentMode::Wait || Instant::now() + pause >= wait_until {
+                // When the running attempt will most likely be done: the
+                // route's recent latency, at least 1 s, at most the lease left.
+                let estimate = self.route.latency.get().max(Duration::from_secs(1)).min(retry_after);
+                return in_flight(estimate);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+            record = match self.gateway.bounded("get", self.gateway.store.get(&self.scoped)).await {
+                Ok(Some(next)) => match next {
+                    Record::InFlight { fence, .. } if Some(fence) != awaited => {
+                        return in_flight(Duration::from_secs(1));
+                    }
+                    next => next,
+                },
+                // Released (or lapsed): the awaited attempt left no result.
+                Ok(None) => return in_flight(Duration::from_secs(1)),
+                Err(e) => {
+                    tracing::warn!(key = self.hashed.as_deref(), error = %e, "store unavailable while waiting");
+                    return (Outcome::StoreError, Problem::StoreUnavailable.to_response());
+                }
+            };
+        }
+    }
+
+    /// The store failed at begin: refuse (`fail_mode = "closed"`) or
+    /// forward without a record (`"open"`).
+    pub(super) async fn store_down(
+        self,
+        error: crate::store::StoreError,
+        parts: http::request::Parts,
+        body: BufferedBody,
+    ) -> Answer {
+        tracing::warn!(key = self.hashed.as_deref(), error = %error, "store unavailable");
+        match self.gateway.policy.fail_mode {
+            FailMode::Closed => (Outcome::StoreError, Problem::StoreUnavailable.to_response()),
+            FailMode::Open => {
+                let response = match rewrite(&self.route, parts, full(body.bytes.clone()), &self.client, None) {
+                    Ok(request) => match self.forward_unguarded(request).await {
+                        Forward::Answered(buffered) => respond(buffered),
+                        Forward::Failed { error, .. } => unguarded_problem(&error),
+                    },
+                    Err(_) => Problem::Internal.to_response(),
+                };
+                (Outcome::FailOpen, response)
+            }
+        }
+    }
+
+    /// Fail-open forwarding: no record, so the client's own wait bounds it.
+    async fn forward_unguarded(&self, request: Request<ResponseBody>) -> Forward {
+        let timeout = self.gateway.policy.upstream_timeout;
+        match tokio::time::timeout(timeout, self.forward(request)).await {
+            Ok(forward) => forward,
+            Err(_) => Forward::Failed { status: None, error: UpstreamError::TimedOut(timeout) },
+        }
+    }
+}
+
+/// A stored response, sent again with `Idempotent-Replayed: true`.
+fn replay(stored: &StoredResponse) -> Response<ResponseBody> {
+    let mut response = Response::new(full(stored.body.clone()));
+    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let headers = response.headers_mut();
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_maybe_shared(value.clone()))
+        {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}

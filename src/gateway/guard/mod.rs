@@ -1,0 +1,136 @@
+//! The idempotency guard: one guarded request from key to settled record.
+//!
+//! Order matters and is the point of this file:
+//! 1. the body is read whole under its size, time and per-connection memory
+//!    limits *before* any store operation, so a refused request never
+//!    creates a record (and a refused upload still reads its `413`);
+//! 2. `try_begin` acquires the key or reports its record in one atomic step;
+//! 3. an acquired attempt runs in a tracked task that renews its lease for
+//!    as long as it runs. The client waits for it at most
+//!    `upstream_timeout`, then gets `504` while the attempt goes on until
+//!    `upstream_deadline`: an upstream that is merely slow may still act,
+//!    and its late answer is what retries must get;
+//! 4. the attempt then settles its record under its fence *before* the
+//!    client is answered, so a client that retries the moment it has an
+//!    answer gets the replay. What it settles to follows one rule — store
+//!    what says the upstream acted, release only what proves it did not,
+//!    and hold as unknown what nobody can tell — and a settle that meets a
+//!    failing store is retried, renewing the lease, while the lease lasts;
+//! 5. the client's disconnect cannot cancel steps 3 and 4.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU16;
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::body::ResponseBody;
+use super::connection::ConnectionInfo;
+use super::problem::Problem;
+use super::request_body::{BodyError, linger, read_whole};
+use super::routes::Route;
+use super::upstream::UpstreamError;
+use super::{Gateway, Outcome};
+use crate::idempotency::{Fence, IdempotencyKey, ScopedKey};
+use crate::store::{Begin, Store};
+use attempt::Attempt;
+
+mod attempt;
+mod existing;
+
+type Guarded = (Outcome, Option<String>, Response<ResponseBody>);
+pub(super) type Answer = (Outcome, Response<ResponseBody>);
+
+/// Guards one request that carries a key.
+pub(super) async fn run<S: Store>(
+    gateway: &Arc<Gateway<S>>,
+    route: &Arc<Route>,
+    request: Request<Incoming>,
+    key: IdempotencyKey,
+    connection: &ConnectionInfo,
+) -> Guarded {
+    let policy = &gateway.policy;
+    let (parts, mut body) = request.into_parts();
+    let limit = policy.max_request_body;
+    let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let read = match declared {
+        Some(len) if len > limit => Err(BodyError::TooLarge(limit)),
+        // Only HTTP/2 multiplexes bodies on one connection; an HTTP/1.1
+        // connection holds one request's body at a time.
+        _ => {
+            let budget = (parts.version == Version::HTTP_2).then_some(&connection.body_budget);
+            read_whole(&mut body, limit, budget, policy.request_body_timeout).await
+        }
+    };
+    let body = match read {
+        Ok(body) => body,
+        Err(error) => return (Outcome::BadBody, None, refuse_body(error, body, parts.version)),
+    };
+    let tenant = match gateway.tenant.tenant_of(&parts.headers) {
+        Ok(tenant) => tenant,
+        Err(e) => return (Outcome::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
+    };
+    let scoped = ScopedKey::new(&tenant, &key);
+    let hashed = Some(scoped.to_hex()[..16].to_owned());
+    let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);
+    let fence = Fence::random();
+    let begin = gateway.bounded("begin", gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
+    let begun_at = Instant::now();
+    let attempt = Attempt {
+        gateway: gateway.clone(),
+        route: route.clone(),
+        scoped,
+        fence,
+        client: connection.client.clone(),
+        hashed: hashed.clone(),
+        head_status: AtomicU16::new(0),
+    };
+    let (outcome, response) = match begin {
+        Ok(Begin::Acquired { took_over }) => {
+            if took_over {
+                gateway.metrics.lease_takeovers.inc();
+                tracing::info!(key = hashed.as_deref(), "took over an expired lease");
+            }
+            let (reply, answer) = oneshot::channel();
+            // A separate task: neither the client's disconnect nor its
+            // `upstream_timeout` may abandon the attempt or its record.
+            // Boxed, because a task's cell holds its future inline and tokio
+            // moves that cell (kilobytes here) several times per spawn.
+            gateway.tasks.spawn(Box::pin(attempt.run(parts, body, begun_at, reply)));
+            answer.await.unwrap_or_else(|_| (Outcome::UpstreamError, Problem::Internal.to_response()))
+        }
+        Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
+        Err(e) => attempt.store_down(e, parts, body).await,
+    };
+    (outcome, hashed, response)
+}
+
+/// The answer to a body that was refused before anything was recorded.
+/// An oversized HTTP/1 upload is drained in the background and its
+/// connection closed after the `413`, so the client reads the `413` instead
+/// of a reset.
+fn refuse_body(error: BodyError, body: Incoming, version: Version) -> Response<ResponseBody> {
+    match error {
+        BodyError::TooLarge(limit) => {
+            let mut response = Problem::BodyTooLarge { limit }.to_response();
+            if version <= Version::HTTP_11 {
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                linger(body);
+            }
+            response
+        }
+        BodyError::TimedOut(_) => Problem::BodyTimeout.to_response(),
+        BodyError::Broken(_) => Problem::BadRequestBody.to_response(),
+    }
+}
+
+/// The problem for a request forwarded without a record.
+pub(super) fn unguarded_problem(error: &UpstreamError) -> Response<ResponseBody> {
+    match error {
+        UpstreamError::TimedOut(_) => Problem::UpstreamTimeout { still_running: false }.to_response(),
+        error => Problem::UpstreamUnavailable { sent: error.may_have_been_sent() }.to_response(),
+    }
+}
