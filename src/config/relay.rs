@@ -1,11 +1,14 @@
 //! The `[relay]` section and the `[destinations.<name>]` tables.
 //!
 //! Each destination carries its own retry policy. The policy's worst-case
-//! retry window (every backoff at its cap, see
-//! [`RetryPolicy::worst_case_window`](crate::outbox::retry::RetryPolicy::worst_case_window))
-//! must fit inside `key_retention`, the time the destination remembers an
-//! `Idempotency-Key`: a retry that arrives after the destination forgot the
-//! key would be applied a second time. `check-config` warns when it does not.
+//! retry window must fit inside `key_retention`, the time the destination
+//! remembers an `Idempotency-Key`: a retry that arrives after the
+//! destination forgot the key would be applied a second time.
+//! `check-config` (and `serve` and `relay` at start) warn when it does not,
+//! counting what can really happen — every attempt's `timeout`, every wait
+//! at `backoff_max` (a `Retry-After` is honoured up to it), and a
+//! `poll_interval` per wait for the relay to notice the row is due (see
+//! [`RetryPolicy::worst_case_window`](crate::outbox::retry::RetryPolicy::worst_case_window)).
 //!
 //! A destination's URL, method and headers are checked by the same code
 //! that makes its requests ([`Target`]), so the config refuses exactly
@@ -96,6 +99,7 @@ pub struct DestinationConfig {
     #[serde(default, serialize_with = "redacted_values")]
     pub headers: BTreeMap<String, String>,
     /// Limit on one delivery attempt (until the whole response is read).
+    /// Keep it below `relay.lease`.
     #[serde(default = "default_destination_timeout")]
     pub timeout: ConfigDuration,
     /// Attempts before a row is dead.
@@ -222,13 +226,22 @@ pub(super) fn validate(
         if d.backoff_base.0.is_zero() || d.backoff_base.0 > d.backoff_max.0 {
             return Err(at("backoff_base must be positive and not above backoff_max".into()));
         }
-        let window = d.retry_policy().worst_case_window();
+        let window = d.retry_policy().worst_case_window(d.timeout.0, relay.poll_interval.0);
         if window > d.key_retention.0 {
             warnings.push(format!(
-                "destinations.{name}: the retry window (up to {} over {} attempts) exceeds key_retention = {}: a retry after the destination forgot the key could be applied twice; lower max_attempts or backoff_max",
+                "destinations.{name}: the worst-case retry window, {} ({} attempts of up to timeout = {}; between them, waits of up to backoff_max = {}, which also caps Retry-After, plus poll_interval = {}), exceeds key_retention = {}: a retry after the destination forgot the key could be applied twice; lower max_attempts, timeout or backoff_max",
                 ConfigDuration(window),
                 d.max_attempts,
+                d.timeout,
+                d.backoff_max,
+                relay.poll_interval,
                 d.key_retention
+            ));
+        }
+        if d.timeout.0 > relay.lease.0 {
+            warnings.push(format!(
+                "destinations.{name}: timeout = {} exceeds relay.lease = {}: a publish then outlives its lease whenever a renewal fails (a database blip) or the relay shuts down (the running step gets one lease), and the row is published again; raise relay.lease or lower the timeout",
+                d.timeout, relay.lease
             ));
         }
     }
@@ -250,6 +263,36 @@ mod tests {
         destinations.insert("email".into(), destination);
         validate(&RelayConfig::default(), &destinations, &mut warnings).unwrap();
         assert!(warnings.iter().any(|w| w.contains("key_retention")), "{warnings:?}");
+    }
+
+    /// The case of issue 11: 3.1 s of real retrying passed a 1 s retention
+    /// when only the backoff caps (30 ms) were counted.
+    #[test]
+    fn a_window_made_of_timeouts_and_capped_waits_beyond_the_key_retention_is_warned_about() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.timeout = ConfigDuration(Duration::from_secs(1));
+        destination.max_attempts = 3;
+        destination.backoff_base = ConfigDuration(Duration::from_millis(10));
+        destination.backoff_max = ConfigDuration(Duration::from_millis(50));
+        destination.key_retention = ConfigDuration(Duration::from_secs(1));
+        let relay = RelayConfig { poll_interval: ConfigDuration(Duration::from_millis(10)), ..Default::default() };
+        let mut warnings = Vec::new();
+        validate(&relay, &BTreeMap::from([("billing".to_string(), destination.clone())]), &mut warnings).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("3120ms") && warnings[0].contains("key_retention = 1s"), "{warnings:?}");
+        destination.key_retention = ConfigDuration(Duration::from_millis(3120));
+        let mut warnings = Vec::new();
+        validate(&relay, &BTreeMap::from([("billing".to_string(), destination)]), &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "a window that fits exactly is fine: {warnings:?}");
+    }
+
+    #[test]
+    fn a_destination_timeout_above_the_lease_is_warned_about() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.timeout = ConfigDuration(Duration::from_secs(31));
+        let mut warnings = Vec::new();
+        validate(&RelayConfig::default(), &BTreeMap::from([("slow".to_string(), destination)]), &mut warnings).unwrap();
+        assert!(warnings.iter().any(|w| w.contains("timeout = 31s exceeds relay.lease = 30s")), "{warnings:?}");
     }
 
     #[test]
