@@ -121,6 +121,7 @@ fn run(command: Command) -> Result<(), String> {
                 tracing::warn!("{warning}");
             }
             if args.relay {
+                check_outbox(&config)?;
                 runtime.block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
             } else {
                 runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
@@ -128,7 +129,9 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::CheckConfig(args) => {
             let config = args.load()?;
-            for warning in config.validate().map_err(|e| e.to_string())? {
+            let mut warnings = config.validate().map_err(|e| e.to_string())?;
+            warnings.extend(check_outbox(&config)?);
+            for warning in warnings {
                 eprintln!("warning: {warning}");
             }
             let printed = toml::to_string(&config).map_err(|e| e.to_string())?;
@@ -150,6 +153,7 @@ fn run(command: Command) -> Result<(), String> {
             for warning in config.validate().map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
+            check_outbox(&config)?;
             runtime.block_on(idemgate::outbox::relay::run_from_config(&config, idemgate::app::shutdown_signal()))
         }
         Command::Migrate(args) => {
@@ -173,4 +177,27 @@ fn run(command: Command) -> Result<(), String> {
             })
         }
     }
+}
+
+/// What the relay builds from a config before it touches a database: the
+/// database URL's TLS settings (`sslmode`, a readable `sslrootcert`) and
+/// every destination's publisher (URL, headers, a readable `ca_file`).
+/// `relay` and `serve --relay` run it before they connect, so a broken
+/// destination stops them at once, never after the database answered;
+/// `check-config` runs the same, so what it accepts they accept. Returns
+/// warnings for what only the command line can still fix.
+fn check_outbox(config: &Config) -> Result<Vec<String>, String> {
+    let mut warnings = Vec::new();
+    match &config.relay.database_url {
+        Some(url) => drop(idemgate::outbox::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?),
+        None if !config.destinations.is_empty() => warnings.push(
+            "destinations are configured but relay.database_url is not: relay and serve --relay need it (or --database-url)"
+                .to_string(),
+        ),
+        None => {}
+    }
+    if !config.destinations.is_empty() {
+        idemgate::outbox::publisher::HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
+    }
+    Ok(warnings)
 }

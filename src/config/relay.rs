@@ -1,11 +1,20 @@
 //! The `[relay]` section and the `[destinations.<name>]` tables.
 //!
 //! Each destination carries its own retry policy. The policy's worst-case
-//! retry window (every backoff at its cap, see
-//! [`RetryPolicy::worst_case_window`](crate::outbox::retry::RetryPolicy::worst_case_window))
-//! must fit inside `key_retention`, the time the destination remembers an
-//! `Idempotency-Key`: a retry that arrives after the destination forgot the
-//! key would be applied a second time. `check-config` warns when it does not.
+//! retry window must fit inside `key_retention`, the time the destination
+//! remembers an `Idempotency-Key`: a retry that arrives after the
+//! destination forgot the key would be applied a second time.
+//! `check-config` (and `serve` and `relay` at start) warn when it does not,
+//! counting what can really happen — every attempt's `timeout`, every wait
+//! at `backoff_max` (a `Retry-After` is honoured up to it), and a
+//! `poll_interval` per wait for the relay to notice the row is due (see
+//! [`RetryPolicy::worst_case_window`](crate::outbox::retry::RetryPolicy::worst_case_window)).
+//!
+//! A destination's URL, method and headers are checked by the same code
+//! that makes its requests ([`Target`]), so the config refuses exactly
+//! what the relay could not send. A destination URL may carry credentials
+//! (`https://user:password@host/…`, sent as `Authorization: Basic`); it is
+//! printed with the password redacted.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,6 +23,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigDuration, ConfigError, ServiceUrl};
+use crate::outbox::publisher::Target;
 use crate::outbox::retry::RetryPolicy;
 
 fn secs(s: u64) -> ConfigDuration {
@@ -71,11 +81,15 @@ impl Default for RelayConfig {
     }
 }
 
-/// One outbox destination.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// One outbox destination. Printed (`Debug`, `check-config`) with the
+/// URL's password and every header value redacted.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationConfig {
-    /// Where to send (`http://` or `https://`).
+    /// Where to send (`http://` or `https://`). Credentials in it
+    /// (`user:password@`) are sent as `Authorization: Basic` and redacted
+    /// when the config is printed.
+    #[serde(serialize_with = "redacted_url")]
     pub url: String,
     /// HTTP method.
     #[serde(default = "default_post")]
@@ -85,6 +99,7 @@ pub struct DestinationConfig {
     #[serde(default, serialize_with = "redacted_values")]
     pub headers: BTreeMap<String, String>,
     /// Limit on one delivery attempt (until the whole response is read).
+    /// Keep it below `relay.lease`.
     #[serde(default = "default_destination_timeout")]
     pub timeout: ConfigDuration,
     /// Attempts before a row is dead.
@@ -124,6 +139,26 @@ impl DestinationConfig {
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy { base: self.backoff_base.0, max: self.backoff_max.0, max_attempts: self.max_attempts }
     }
+}
+
+impl std::fmt::Debug for DestinationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DestinationConfig")
+            .field("url", &ServiceUrl::new(self.url.as_str()))
+            .field("method", &self.method)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("key_retention", &self.key_retention)
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
+    }
+}
+
+fn redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&ServiceUrl::new(url).redacted())
 }
 
 fn redacted_values<S: serde::Serializer>(headers: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
@@ -184,34 +219,29 @@ pub(super) fn validate(
     }
     for (name, d) in destinations {
         let at = |m: String| ConfigError::Invalid(format!("destinations.{name}: {m}"));
-        let uri: http::Uri = d.url.parse().map_err(|e| at(format!("url {:?} is not a URL: {e}", d.url)))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none_or(str::is_empty) {
-            return Err(at(format!("url {:?} must be an http:// or https:// URL with a host", d.url)));
-        }
-        if http::Method::from_bytes(d.method.as_bytes()).is_err() {
-            return Err(at(format!("{:?} is not an HTTP method", d.method)));
-        }
-        for (header, value) in &d.headers {
-            let header_name = http::HeaderName::from_bytes(header.as_bytes())
-                .map_err(|_| at(format!("{header:?} is not a valid header name")))?;
-            if header_name == "idempotency-key" {
-                return Err(at("headers must not set Idempotency-Key: every request carries the derived key".into()));
-            }
-            http::HeaderValue::from_str(value).map_err(|_| at(format!("header {header:?} has an invalid value")))?;
-        }
+        Target::from_config(d).map_err(at)?;
         if d.timeout.0.is_zero() || d.max_attempts == 0 {
             return Err(at("timeout and max_attempts must be positive".into()));
         }
         if d.backoff_base.0.is_zero() || d.backoff_base.0 > d.backoff_max.0 {
             return Err(at("backoff_base must be positive and not above backoff_max".into()));
         }
-        let window = d.retry_policy().worst_case_window();
+        let window = d.retry_policy().worst_case_window(d.timeout.0, relay.poll_interval.0);
         if window > d.key_retention.0 {
             warnings.push(format!(
-                "destinations.{name}: the retry window (up to {} over {} attempts) exceeds key_retention = {}: a retry after the destination forgot the key could be applied twice; lower max_attempts or backoff_max",
+                "destinations.{name}: the worst-case retry window, {} ({} attempts of up to timeout = {}; between them, waits of up to backoff_max = {}, which also caps Retry-After, plus poll_interval = {}), exceeds key_retention = {}: a retry after the destination forgot the key could be applied twice; lower max_attempts, timeout or backoff_max",
                 ConfigDuration(window),
                 d.max_attempts,
+                d.timeout,
+                d.backoff_max,
+                relay.poll_interval,
                 d.key_retention
+            ));
+        }
+        if d.timeout.0 > relay.lease.0 {
+            warnings.push(format!(
+                "destinations.{name}: timeout = {} exceeds relay.lease = {}: a publish then outlives its lease whenever a renewal fails (a database blip) or the relay shuts down (the running step gets one lease), and the row is published again; raise relay.lease or lower the timeout",
+                d.timeout, relay.lease
             ));
         }
     }
@@ -235,6 +265,50 @@ mod tests {
         assert!(warnings.iter().any(|w| w.contains("key_retention")), "{warnings:?}");
     }
 
+    /// The case of issue 11: 3.1 s of real retrying passed a 1 s retention
+    /// when only the backoff caps (30 ms) were counted.
+    #[test]
+    fn a_window_made_of_timeouts_and_capped_waits_beyond_the_key_retention_is_warned_about() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.timeout = ConfigDuration(Duration::from_secs(1));
+        destination.max_attempts = 3;
+        destination.backoff_base = ConfigDuration(Duration::from_millis(10));
+        destination.backoff_max = ConfigDuration(Duration::from_millis(50));
+        destination.key_retention = ConfigDuration(Duration::from_secs(1));
+        let relay = RelayConfig { poll_interval: ConfigDuration(Duration::from_millis(10)), ..Default::default() };
+        let mut warnings = Vec::new();
+        validate(&relay, &BTreeMap::from([("billing".to_string(), destination.clone())]), &mut warnings).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("3120ms") && warnings[0].contains("key_retention = 1s"), "{warnings:?}");
+        destination.key_retention = ConfigDuration(Duration::from_millis(3120));
+        let mut warnings = Vec::new();
+        validate(&relay, &BTreeMap::from([("billing".to_string(), destination)]), &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "a window that fits exactly is fine: {warnings:?}");
+    }
+
+    #[test]
+    fn a_destination_timeout_above_the_lease_is_warned_about() {
+        let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
+        destination.timeout = ConfigDuration(Duration::from_secs(31));
+        let mut warnings = Vec::new();
+        validate(&RelayConfig::default(), &BTreeMap::from([("slow".to_string(), destination)]), &mut warnings).unwrap();
+        assert!(warnings.iter().any(|w| w.contains("timeout = 31s exceeds relay.lease = 30s")), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_destination_url_is_printed_without_its_password() {
+        let destination = DestinationConfig::new("https://alice:s3cret@api.example.com/send");
+        let printed = format!("{} {destination:?}", toml::to_string(&destination).unwrap());
+        assert!(printed.contains("https://alice:[redacted]@api.example.com/send"), "{printed}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        let mut broken = DestinationConfig::new("https://alice:s3cret@api.example.com/send");
+        broken.headers.insert("authorization".into(), "Bearer x".into());
+        let error = validate(&RelayConfig::default(), &BTreeMap::from([("x".to_string(), broken)]), &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("destinations.x") && !error.contains("s3cret"), "{error}");
+    }
+
     #[test]
     fn a_destination_may_not_set_its_own_idempotency_key() {
         let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
@@ -247,7 +321,7 @@ mod tests {
     fn destination_header_values_are_not_printed() {
         let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
         destination.headers.insert("authorization".into(), "Bearer s3cret".into());
-        let printed = toml::to_string(&destination).unwrap();
+        let printed = format!("{} {destination:?}", toml::to_string(&destination).unwrap());
         assert!(printed.contains("authorization") && !printed.contains("s3cret"), "{printed}");
     }
 

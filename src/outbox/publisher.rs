@@ -8,29 +8,50 @@
 //! [`HttpPublisher`] sends each destination's configured method, URL and
 //! headers, the message's own headers, `Content-Type: application/json`
 //! (unless set), the payload as the body, and always
-//! `Idempotency-Key: <derived key>` (set last, so nothing overrides it). It
-//! reuses the gateway's pooled hyper + rustls client. The destination
-//! timeout bounds the whole exchange, response body included; at most
-//! [`MAX_ERROR_BODY`] bytes of a failed response are read for the log.
+//! `Idempotency-Key: <derived key>` (set last, so nothing overrides it);
+//! [`target`] says what makes up a request and which headers are refused.
+//! It reuses the gateway's pooled hyper + rustls client.
+//!
+//! **The status decides.** A `2xx` response head means the destination
+//! acted, so the attempt is [`Attempt::Delivered`] even when its body then
+//! breaks off or stalls past the timeout: counting it as a failure would
+//! publish the effect again (to a destination that may not deduplicate)
+//! and finally bury a row whose effect happened. Likewise a `422` stays a
+//! rejection whatever its body does. Only an exchange that ends before a
+//! response head — refused, reset, timed out — is a transport failure
+//! (retried under the same key).
+//!
+//! The destination timeout bounds the whole exchange, response body
+//! included. A success's body is drained (so its connection can be
+//! reused) and dropped; at most [`MAX_ERROR_BODY`] bytes of a failure's
+//! body are kept for `last_error` and the log, and, like every other text
+//! that reaches either, they are [`printable`]: a destination cannot
+//! forge a log line.
+
+pub mod target;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{CONTENT_TYPE, DATE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use bytes::BytesMut;
+use http::HeaderValue;
+use http::header::{DATE, RETRY_AFTER};
 use http_body_util::BodyExt;
+use tokio::time::Instant;
 
 use super::claim::Claimed;
+use super::printable;
 use super::retry::{Class, classify_status, parse_retry_after};
 use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig};
-use crate::gateway::body::full;
-use crate::gateway::upstream::{DEFAULT_MAX_CONNECTIONS, Upstream};
-use crate::idempotency::key::IDEMPOTENCY_KEY;
+use crate::gateway::upstream::{DEFAULT_MAX_CONNECTIONS, Upstream, UpstreamBody};
+pub use target::{Target, refused_header};
 
 /// Bytes of a failed response's body kept for `last_error`.
 pub const MAX_ERROR_BODY: usize = 512;
+
+/// Characters of a reason kept, escapes included.
+const MAX_REASON: usize = 1024;
 
 /// The result of one delivery attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +69,12 @@ pub enum Attempt {
     },
 }
 
+impl Attempt {
+    fn failed(class: Class, retry_after: Option<Duration>, reason: &str) -> Self {
+        Self::Failed { class, retry_after, reason: printable(reason, MAX_REASON) }
+    }
+}
+
 /// Something that can attempt to deliver a claimed message.
 pub trait Publisher: Send + Sync + 'static {
     /// One attempt. Must finish within a bounded time (the relay renews the
@@ -58,20 +85,19 @@ pub trait Publisher: Send + Sync + 'static {
 /// Why an [`HttpPublisher`] could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum PublisherError {
-    /// A destination's fields do not make a request.
-    #[error("destination {name:?}: {reason}")]
+    /// A destination's fields do not make a request, or its `ca_file`
+    /// cannot be read.
+    #[error("destinations.{name}: {reason}")]
     Invalid {
         /// The destination.
         name: String,
-        /// What is wrong.
+        /// What is wrong, naming the field.
         reason: String,
     },
 }
 
 struct HttpDestination {
-    uri: Uri,
-    method: Method,
-    headers: HeaderMap,
+    target: Target,
     timeout: Duration,
     client: Upstream,
 }
@@ -82,96 +108,90 @@ pub struct HttpPublisher {
 }
 
 impl HttpPublisher {
-    /// Builds one pooled client per destination.
+    /// Builds one pooled client per destination. Everything a destination
+    /// can get wrong fails here, before any row is claimed: `check-config`
+    /// builds the same publisher.
     pub fn new(configs: &BTreeMap<String, DestinationConfig>) -> Result<Self, PublisherError> {
         let mut destinations = HashMap::new();
         for (name, config) in configs {
             let invalid = |reason: String| PublisherError::Invalid { name: name.clone(), reason };
-            let uri: Uri = config.url.parse().map_err(|e| invalid(format!("url: {e}")))?;
-            let method = Method::from_bytes(config.method.as_bytes()).map_err(|e| invalid(format!("method: {e}")))?;
-            let mut headers = HeaderMap::new();
-            for (header, value) in &config.headers {
-                let header = HeaderName::from_bytes(header.as_bytes()).map_err(|e| invalid(e.to_string()))?;
-                let value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
-                headers.append(header, value);
-            }
-            let client =
-                Upstream::new(&uri, config.ca_file.as_deref(), DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT)
-                    .map_err(invalid)?;
-            destinations
-                .insert(name.clone(), HttpDestination { uri, method, headers, timeout: config.timeout.0, client });
+            let target = Target::from_config(config).map_err(invalid)?;
+            // The URI has no user info left, so neither has any error naming it.
+            let client = Upstream::new(
+                &target.uri,
+                config.ca_file.as_deref(),
+                DEFAULT_MAX_CONNECTIONS,
+                DEFAULT_POOL_IDLE_TIMEOUT,
+            )
+            .map_err(|e| invalid(format!("ca_file: {e}")))?;
+            destinations.insert(name.clone(), HttpDestination { target, timeout: config.timeout.0, client });
         }
         Ok(Self { destinations })
-    }
-
-    fn request(
-        destination: &HttpDestination,
-        message: &Claimed,
-    ) -> Result<Request<crate::gateway::body::ResponseBody>, String> {
-        let mut request = Request::builder().method(destination.method.clone()).uri(destination.uri.clone());
-        let headers = request.headers_mut().ok_or("invalid destination")?;
-        headers.extend(destination.headers.clone());
-        for (name, value) in &message.headers {
-            let name =
-                HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("message header {name:?} is invalid"))?;
-            let value =
-                HeaderValue::from_str(value).map_err(|_| format!("message header {name} has an invalid value"))?;
-            headers.insert(name, value);
-        }
-        if !headers.contains_key(CONTENT_TYPE) {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        }
-        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| "derived key is not a header value")?;
-        headers.insert(&IDEMPOTENCY_KEY, key);
-        request.body(full(Bytes::from(message.payload.clone()))).map_err(|e| e.to_string())
     }
 }
 
 impl Publisher for HttpPublisher {
     async fn publish(&self, message: &Claimed) -> Attempt {
-        let reject = |reason: String| Attempt::Failed { class: Class::Reject, retry_after: None, reason };
         let Some(destination) = self.destinations.get(&message.destination) else {
-            return reject(format!("no destination named {:?} is configured", message.destination));
+            let reason = format!("no destination named {:?} is configured", message.destination);
+            return Attempt::failed(Class::Reject, None, &reason);
         };
-        let request = match Self::request(destination, message) {
+        let request = match destination.target.request(message) {
             Ok(request) => request,
-            Err(reason) => return reject(reason),
+            Err(reason) => return Attempt::failed(Class::Reject, None, &reason),
         };
-        let exchange = async {
-            let response = destination.client.send(request, destination.timeout).await.map_err(|e| e.to_string())?;
-            let status = response.status().as_u16();
-            let header = |name| response.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-            let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(v, header(DATE)));
-            let class = classify_status(status);
-            let mut body = response.into_body();
-            let mut kept = BytesMut::new();
-            // Drain a success so the connection returns to the pool; keep a
-            // little of a failure for the log.
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| format!("HTTP {status}, body failed: {e}"))?;
-                if let Ok(data) = frame.into_data() {
-                    let room = MAX_ERROR_BODY.saturating_sub(kept.len());
-                    kept.extend_from_slice(&data[..data.len().min(room)]);
-                    if class != Class::Delivered && room == 0 {
-                        break;
-                    }
+        let deadline = Instant::now() + destination.timeout;
+        let sent = tokio::time::timeout_at(deadline, destination.client.send(request, destination.timeout)).await;
+        let response = match sent {
+            Err(_) => {
+                let reason = format!("no response within {:?}", destination.timeout);
+                return Attempt::failed(Class::Retry, None, &reason);
+            }
+            Ok(Err(e)) => return Attempt::failed(Class::Retry, None, &e.to_string()),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status().as_u16();
+        let header = |name| response.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+        let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(v, header(DATE)));
+        let class = classify_status(status);
+        let keep = if class == Class::Delivered { 0 } else { MAX_ERROR_BODY };
+        let (kept, ending) = read_body(response.into_body(), keep, deadline).await;
+        if class == Class::Delivered {
+            if let Some(ending) = ending {
+                tracing::debug!(destination = %message.destination, status, ending, "delivered: the body of a 2xx broke off");
+            }
+            return Attempt::Delivered;
+        }
+        let mut reason = format!("HTTP {status}: {}", String::from_utf8_lossy(&kept));
+        if let Some(ending) = ending {
+            reason.push_str(&format!(" ({ending})"));
+        }
+        Attempt::failed(class, retry_after, &reason)
+    }
+}
+
+/// Reads a response body until its end, keeping its first `keep` bytes; a
+/// body with more is not read further (its connection then closes). The
+/// second value says how the body ended, if not with its last byte.
+async fn read_body(mut body: UpstreamBody, keep: usize, deadline: Instant) -> (BytesMut, Option<String>) {
+    let mut kept = BytesMut::new();
+    let ending = tokio::time::timeout_at(deadline, async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("the body broke off: {e}"))?;
+            if let Ok(data) = frame.into_data() {
+                let room = keep.saturating_sub(kept.len());
+                kept.extend_from_slice(&data[..data.len().min(room)]);
+                if keep > 0 && data.len() >= room {
+                    return Ok(());
                 }
             }
-            Ok::<_, String>((status, class, retry_after, kept))
-        };
-        match tokio::time::timeout(destination.timeout, exchange).await {
-            Err(_) => Attempt::Failed {
-                class: Class::Retry,
-                retry_after: None,
-                reason: format!("no answer within {:?}", destination.timeout),
-            },
-            Ok(Err(reason)) => Attempt::Failed { class: Class::Retry, retry_after: None, reason },
-            Ok(Ok((_, Class::Delivered, _, _))) => Attempt::Delivered,
-            Ok(Ok((status, class, retry_after, body))) => Attempt::Failed {
-                class,
-                retry_after,
-                reason: format!("HTTP {status}: {}", String::from_utf8_lossy(&body)),
-            },
         }
+        Ok::<_, String>(())
+    })
+    .await;
+    match ending {
+        Ok(Ok(())) => (kept, None),
+        Ok(Err(broken)) => (kept, Some(broken)),
+        Err(_) => (kept, Some("the body did not end within the timeout".into())),
     }
 }

@@ -17,7 +17,9 @@
 //! relays that failed together do not retry together. A `Retry-After`
 //! (delta-seconds, or an HTTP-date read against the response's own `Date`
 //! header, so no local clock is involved) is a floor on the delay; both are
-//! capped at `backoff_max`, which keeps every wait bounded by config.
+//! capped at `backoff_max`, which keeps every wait bounded by config. So
+//! the longest wait between two attempts is `backoff_max`, not the
+//! backoff's own cap: [`RetryPolicy::worst_case_window`] counts it so.
 
 use std::time::Duration;
 
@@ -91,10 +93,19 @@ impl RetryPolicy {
         }
     }
 
-    /// The longest time between a row's first and last attempt when every
-    /// backoff reaches its cap (publish time not included).
-    pub fn worst_case_window(&self) -> Duration {
-        (1..self.max_attempts).map(|attempt| self.cap(attempt)).fold(Duration::ZERO, Duration::saturating_add)
+    /// The longest time from the start of a row's first attempt to the end
+    /// of its last, when nothing goes right: each of the `max_attempts`
+    /// attempts runs for its whole `timeout`, and each wait between two of
+    /// them lasts `max` — the cap of a backoff *and* of an honoured
+    /// `Retry-After`, which a destination may send on every failure — plus
+    /// `pickup`, the time a relay may take to notice a due row (its poll
+    /// interval: a scheduled retry sends no notification). This is the time
+    /// a destination must remember the key for; relay crashes, which add a
+    /// lease each, are not counted.
+    pub fn worst_case_window(&self, timeout: Duration, pickup: Duration) -> Duration {
+        let waits = self.max_attempts.saturating_sub(1);
+        let attempts = timeout.saturating_mul(self.max_attempts);
+        attempts.saturating_add(self.max.saturating_add(pickup).saturating_mul(waits))
     }
 }
 
@@ -162,9 +173,18 @@ mod tests {
     }
 
     #[test]
-    fn the_worst_case_window_adds_up_the_caps() {
-        // 1 + 2 + 4 + 8 seconds between five attempts.
-        assert_eq!(POLICY.worst_case_window(), Duration::from_secs(15));
+    fn the_worst_case_window_counts_every_timeout_and_every_wait_at_the_retry_after_cap() {
+        // Five attempts of 2 s, four waits of 60 s (a Retry-After at the cap) plus 1 s to be noticed.
+        let window = POLICY.worst_case_window(Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(window, Duration::from_secs(5 * 2 + 4 * (60 + 1)));
+        let one = RetryPolicy { max_attempts: 1, ..POLICY };
+        assert_eq!(one.worst_case_window(Duration::from_secs(2), Duration::from_secs(1)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_worst_case_window_of_an_absurd_policy_saturates_instead_of_overflowing() {
+        let absurd = RetryPolicy { base: Duration::MAX, max: Duration::MAX, max_attempts: u32::MAX };
+        assert_eq!(absurd.worst_case_window(Duration::MAX, Duration::MAX), Duration::MAX);
     }
 
     proptest! {

@@ -1,0 +1,168 @@
+//! `idemgate check-config` against an outbox config, as users run it: it
+//! counts the true worst-case retry window, warns about a destination
+//! timeout above the lease, redacts credentials in destination URLs, and
+//! refuses exactly what `relay` refuses, with the same message.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// A config file in a directory of its own, removed when dropped.
+struct ConfigFile(PathBuf);
+
+impl ConfigFile {
+    fn new(text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("idemgate-check-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idemgate.toml");
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Runs the binary to its end, killing it after `limit`.
+fn run(args: &[&str], limit: Duration) -> Output {
+    let mut child =
+        Command::new(BINARY).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start idemgate");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn check_config(config: &ConfigFile) -> Output {
+    run(&["check-config", "--config", config.path()], Duration::from_secs(20))
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The shared server, plaintext, and an outbox schema nobody created: a
+/// relay that got as far as the database would stop on that instead.
+fn database_url() -> String {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}sslmode=disable")
+}
+
+#[test]
+fn a_window_of_timeouts_and_capped_waits_beyond_the_key_retention_is_warned_about() {
+    // 3 attempts of 1 s and 2 waits of 50 ms + 10 ms: 3.12 s against 1 s.
+    let config = ConfigFile::new(
+        r#"
+[relay]
+poll_interval = "10ms"
+
+[destinations.billing]
+url = "http://127.0.0.1:9100/charge"
+timeout = "1s"
+max_attempts = 3
+backoff_base = "10ms"
+backoff_max = "50ms"
+key_retention = "1s"
+"#,
+    );
+    let output = check_config(&config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let warnings = stderr(&output);
+    assert!(warnings.contains("destinations.billing: the worst-case retry window, 3120ms"), "{warnings}");
+    assert!(warnings.contains("key_retention = 1s"), "{warnings}");
+}
+
+#[test]
+fn a_destination_timeout_above_the_lease_is_warned_about() {
+    let config = ConfigFile::new(
+        r#"
+[relay]
+lease = "10s"
+
+[destinations.slow]
+url = "http://127.0.0.1:9100/charge"
+timeout = "15s"
+"#,
+    );
+    let output = check_config(&config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("destinations.slow: timeout = 15s exceeds relay.lease = 10s"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn a_destination_url_is_printed_without_its_password_and_nothing_else_shows_it() {
+    let config = ConfigFile::new(
+        r#"
+[destinations.billing]
+url = "https://alice:s3cret@billing.example.com/v1/charge"
+"#,
+    );
+    let output = check_config(&config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("url = \"https://alice:[redacted]@billing.example.com/v1/charge\""), "{printed}");
+    assert!(!printed.contains("s3cret") && !stderr(&output).contains("s3cret"), "{printed}");
+}
+
+#[test]
+fn a_missing_ca_file_stops_check_config_and_relay_with_the_same_message() {
+    let config = ConfigFile::new(&format!(
+        r#"
+[relay]
+database_url = "{url}"
+schema = "never_created_{suffix:016x}"
+
+[destinations.billing]
+url = "https://billing.example.com/v1/charge"
+ca_file = "/nonexistent/billing-ca.pem"
+"#,
+        url = database_url(),
+        suffix = rand::random::<u64>()
+    ));
+    let checked = check_config(&config);
+    assert_eq!(checked.status.code(), Some(2), "{}", stderr(&checked));
+    let message = stderr(&checked);
+    assert!(
+        message.contains("destinations.billing: ca_file: ") && message.contains("/nonexistent/billing-ca.pem"),
+        "{message}"
+    );
+    let relay = run(&["relay", "--config", config.path(), "--admin-listen", "127.0.0.1:0"], Duration::from_secs(20));
+    assert_eq!(relay.status.code(), Some(2), "{}", stderr(&relay));
+    let line = |text: &str| text.lines().find(|l| l.starts_with("idemgate: ")).map(str::to_owned);
+    assert_eq!(line(&stderr(&relay)), line(&message), "relay: {}", stderr(&relay));
+}
+
+#[test]
+fn a_bad_sslmode_in_the_database_url_stops_check_config_as_it_stops_relay() {
+    let config = ConfigFile::new(
+        r#"
+[relay]
+database_url = "postgres://relay:hunter2@127.0.0.1:5432/app?sslmode=verify"
+"#,
+    );
+    let output = check_config(&config);
+    assert_eq!(output.status.code(), Some(2));
+    let message = stderr(&output);
+    assert!(message.contains("sslmode=\"verify\"") && !message.contains("hunter2"), "{message}");
+}
