@@ -53,6 +53,13 @@ const IN_FLIGHT_AFTER_FAULT: Duration = Duration::from_secs(1);
 /// A record settles right after the upstream's answer; one this close
 /// before a kill may not have settled yet.
 const UNSETTLED_BEFORE_KILL: Duration = Duration::from_millis(300);
+/// The gateways' lease (`IDEMGATE__GATEWAY__LEASE`).
+const LEASE: Duration = Duration::from_secs(3);
+/// A store back this close to a lease's end leaves no time to settle: the
+/// reconnect and one store operation (store timeout 500 ms) must fit.
+const SETTLE_NEEDS: Duration = Duration::from_secs(1);
+/// Store outages closer together than this count as one.
+const OUTAGE_GAP: Duration = Duration::from_secs(1);
 
 /// One execution the upstream performed.
 #[derive(Clone)]
@@ -153,7 +160,7 @@ impl Gateway {
                 .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
                 .args(["--upstream", &format!("http://{upstream}"), "--store", store])
                 .envs([
-                    ("IDEMGATE__GATEWAY__LEASE", "3s"),
+                    ("IDEMGATE__GATEWAY__LEASE", "3s"), // LEASE
                     ("IDEMGATE__GATEWAY__UPSTREAM_TIMEOUT", "900ms"),
                     ("IDEMGATE__GATEWAY__UPSTREAM_DEADLINE", "3s"),
                     ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
@@ -161,7 +168,7 @@ impl Gateway {
                     ("IDEMGATE__LOG__LEVEL", "warn"),
                 ])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log_file(addr))
                 .spawn()
                 .expect("start idemgate");
             loop {
@@ -177,6 +184,17 @@ impl Gateway {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+}
+
+/// Where a gateway's log goes: `IDEMGATE_INVARIANT_LOGS=DIR` keeps them
+/// (appended across restarts), for looking into a violation.
+fn log_file(addr: SocketAddr) -> Stdio {
+    let Some(dir) = std::env::var_os("IDEMGATE_INVARIANT_LOGS") else { return Stdio::null() };
+    let path = std::path::Path::new(&dir).join(format!("gateway-{}.log", addr.port()));
+    match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        Ok(file) => file.into(),
+        Err(_) => Stdio::null(),
     }
 }
 
@@ -226,6 +244,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
         std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(2400);
     println!("invariant test: IDEMGATE_SEED={seed} IDEMGATE_INVARIANT_REQUESTS={requests}");
 
+    let began = Instant::now();
     let mut redis = RedisProcess::start_durable();
     let store = format!("{}?timeout=400ms", redis.url());
     let (upstream, chaos) = chaos_upstream(seed).await;
@@ -290,6 +309,8 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
 
     // Faults while the workers run: bounded in count, spaced at random.
     let mut faults: Vec<(Instant, Fault)> = Vec::new();
+    // Store outages: (went down, answered again).
+    let mut outages: Vec<(Instant, Instant)> = Vec::new();
     let mut fault_rng = StdRng::seed_from_u64(seed ^ 0xfa17);
     for _ in 0..12 {
         tokio::time::sleep(Duration::from_millis(fault_rng.random_range(200..700))).await;
@@ -305,6 +326,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             tokio::time::sleep(outage).await;
             redis.resume();
             faults.push((at, Fault::RedisFrozen));
+            outages.push((at, Instant::now()));
         } else if kind >= 7 {
             let which = fault_rng.random_range(0..gateways.len());
             let gateways = gateways.clone();
@@ -333,6 +355,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             .await
             .unwrap();
             faults.push((at, Fault::RedisRestarted));
+            outages.push((at, Instant::now()));
         }
     }
     for worker in workers {
@@ -346,6 +369,15 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     let mut violations = Vec::new();
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
     let mut explained_repeats = 0;
+    let mut outlasting_repeats = 0;
+    // Outages with less than OUTAGE_GAP of service between them are one.
+    let mut merged: Vec<(Instant, Instant)> = Vec::new();
+    for &(down, up) in &outages {
+        match merged.last_mut() {
+            Some((_, last_up)) if down.saturating_duration_since(*last_up) < OUTAGE_GAP => *last_up = up,
+            _ => merged.push((down, up)),
+        }
+    }
     let mut by_key: BTreeMap<(usize, String), Vec<&Outcome>> = BTreeMap::new();
     for outcome in &outcomes {
         *statuses.entry(outcome.status.map_or("no answer".into(), |s| s.to_string())).or_default() += 1;
@@ -368,11 +400,26 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                     Fault::RedisRestarted | Fault::RedisFrozen => false,
                 }
             });
+            // The one store fault that may explain a repeat: an outage that
+            // began before the first execution could settle and lasted until
+            // too little of its lease was left (RELIABILITY.md's limit).
+            let outlasted = merged.iter().any(|(down, up)| {
+                *down <= pair[0].answered + Duration::from_millis(500) && *up + SETTLE_NEEDS >= pair[0].at + LEASE
+            });
             if explained {
                 explained_repeats += 1;
+            } else if outlasted {
+                outlasting_repeats += 1;
             } else {
-                violations
-                    .push(format!("tenant {tenant} {key}: executed again with no record-losing fault in between"));
+                violations.push(format!(
+                    "tenant {tenant} {key}: executed again with no record-losing fault in between \
+                         (executions at {:?} answered {:?} and {:?}; faults {:?}; store outages {:?})",
+                    pair[0].at.duration_since(began),
+                    pair[0].answered.duration_since(began),
+                    pair[1].at.duration_since(began),
+                    faults.iter().map(|(at, f)| (at.duration_since(began), *f)).collect::<Vec<_>>(),
+                    merged.iter().map(|(d, u)| (d.duration_since(began), u.duration_since(began))).collect::<Vec<_>>()
+                ));
             }
         }
         for outcome in seen.iter().filter(|o| o.status.is_some_and(|s| (200..300).contains(&s))) {
@@ -394,7 +441,8 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     let executions: usize = effects.values().map(Vec::len).sum();
     println!(
         "invariant test: {} requests, statuses {statuses:?}, faults {:?}, {executions} executions over {} keys, \
-         {explained_repeats} repeats explained by faults, {} violations",
+         {explained_repeats} repeats explained by gateway kills, {outlasting_repeats} by store outages \
+         outlasting the lease, {} violations",
         outcomes.len(),
         faults.iter().map(|(_, f)| *f).collect::<Vec<_>>(),
         effects.len(),

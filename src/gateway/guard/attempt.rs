@@ -268,8 +268,9 @@ impl<S: Store> Attempt<S> {
             Settlement::Unknown => ("complete", Some(Completion::Unknown)),
             Settlement::Release => ("release", None),
         };
+        let store_timeout = gateway.policy.store_timeout;
         let mut pause = Duration::from_millis(50);
-        loop {
+        for tries in 1.. {
             let result = match completion {
                 Some(completion) => {
                     gateway.bounded(operation, gateway.store.complete(&self.scoped, self.fence, completion, ttl)).await
@@ -285,17 +286,22 @@ impl<S: Store> Attempt<S> {
                 }
                 Err(error) => error,
             };
-            // One more try must be over before the lease ends.
+            // Time left for one more try that ends before the lease does.
             let lapses_at = *renewed_at + lease;
-            if Instant::now() + pause + gateway.policy.store_timeout >= lapses_at {
+            let room = lapses_at.saturating_duration_since(Instant::now() + store_timeout);
+            if room.is_zero() {
                 gateway.metrics.settle_abandoned.inc();
-                tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error,
+                tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
                     "cannot settle the record before its lease ends; a retry after that may run the request again");
                 return;
             }
-            tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
+            if tries == 1 {
+                tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
+            }
+            // Short pauses: a store that blinks twice may be up for well
+            // under a second in between, and that window must not be missed.
+            tokio::time::sleep(pause.min(room)).await;
+            pause = (pause * 2).min(SETTLE_PAUSE_MAX);
             let asked = Instant::now();
             if let Ok(true) = gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, lease)).await {
                 *renewed_at = asked;
@@ -303,6 +309,9 @@ impl<S: Store> Attempt<S> {
         }
     }
 }
+
+/// The longest pause between two tries to settle a record.
+const SETTLE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 /// Sends `answer` to the waiting client, once.
 fn answer(reply: &mut Option<oneshot::Sender<Answer>>, (outcome, problem): (Outcome, Problem)) {
