@@ -3,36 +3,14 @@
 //! timeout above the lease, redacts credentials in destination URLs, and
 //! refuses exactly what `relay` refuses, with the same message.
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
+use support::config_file::ConfigFile;
+
 const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
-
-/// A config file in a directory of its own, removed when dropped.
-struct ConfigFile(PathBuf);
-
-impl ConfigFile {
-    fn new(text: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("idemgate-check-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("idemgate.toml");
-        std::fs::write(&path, text).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for ConfigFile {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
 
 /// Runs the binary to its end, killing it after `limit`.
 fn run(args: &[&str], limit: Duration) -> Output {

@@ -5,41 +5,16 @@
 mod support;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::config_file::ConfigFile;
 use support::gateway::{TestGateway, config};
 use support::postgres::TestSchema;
 use support::redis_server::free_port;
 use support::upstream::Upstream;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
-
-/// A config file in a temporary directory, removed when dropped.
-struct ConfigFile(PathBuf);
-
-impl ConfigFile {
-    fn new(text: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("idemgate-outbox-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("idemgate.toml");
-        std::fs::write(&path, text).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for ConfigFile {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
 
 /// The relay section and one destination `payments` at `url`, fast timings.
 fn relay_config(schema: &TestSchema, url: &str) -> String {
