@@ -4,7 +4,9 @@
 //! caller's transaction, so Rust and SQL services share one implementation
 //! of the dedup, ordering and notification rules; it then checks that the
 //! database derived the same key as [`derived_key`] (a schema from an
-//! incompatible version would not).
+//! incompatible version would not, nor one renamed after it was migrated:
+//! its keys keep the outbox name it was migrated under, so that the rows
+//! waiting and the delivered history keep theirs).
 //!
 //! ```no_run
 //! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -25,10 +27,14 @@ use tokio_postgres::types::Type;
 use super::{OutboxError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
 
-/// `hex(sha256(destination ‖ operation ‖ business_key))` with length-prefixed
-/// fields: the key every delivery of the message carries.
-pub fn derived_key(destination: &str, operation: &str, business_key: &str) -> String {
-    to_hex(&hash_fields(&[destination.as_bytes(), operation.as_bytes(), business_key.as_bytes()]))
+/// `hex(sha256(outbox ‖ destination ‖ operation ‖ business_key))` with
+/// length-prefixed fields, `outbox` the schema's name: the key every
+/// delivery of the message carries. Naming the outbox keeps two outboxes
+/// in one database (two services sharing a destination) from ever handing
+/// it the same key for different effects.
+pub fn derived_key(outbox: &Schema, destination: &str, operation: &str, business_key: &str) -> String {
+    let fields = [outbox.name().as_bytes(), destination.as_bytes(), operation.as_bytes(), business_key.as_bytes()];
+    to_hex(&hash_fields(&fields))
 }
 
 /// One message to enqueue.
@@ -100,7 +106,7 @@ pub async fn enqueue_in(
         .await?;
     let row = rows.first().ok_or(OutboxError::Schema("idemgate.enqueue returned no row".into()))?;
     let database: String = row.try_get(0)?;
-    let rust = derived_key(message.destination, message.operation, message.business_key);
+    let rust = derived_key(schema, message.destination, message.operation, message.business_key);
     if database != rust {
         return Err(OutboxError::KeyMismatch { database, rust });
     }
@@ -113,8 +119,28 @@ mod tests {
 
     #[test]
     fn field_boundaries_are_part_of_the_key() {
-        assert_ne!(derived_key("ab", "c", "x"), derived_key("a", "bc", "x"));
-        assert_ne!(derived_key("e", "", "x"), derived_key("", "e", "x"));
-        assert_eq!(derived_key("email", "order-shipped", "order:1001").len(), 64);
+        let outbox = Schema::default();
+        assert_ne!(derived_key(&outbox, "ab", "c", "x"), derived_key(&outbox, "a", "bc", "x"));
+        assert_ne!(derived_key(&outbox, "e", "", "x"), derived_key(&outbox, "", "e", "x"));
+        assert_eq!(derived_key(&outbox, "email", "order-shipped", "order:1001").len(), 64);
+    }
+
+    #[test]
+    fn two_outboxes_derive_different_keys_for_one_message() {
+        let (a, b) = (Schema::default(), Schema::new("shop_b").unwrap());
+        assert_ne!(
+            derived_key(&a, "billing", "charge", "order:1001"),
+            derived_key(&b, "billing", "charge", "order:1001")
+        );
+    }
+
+    #[test]
+    fn the_key_is_the_hash_of_four_length_prefixed_fields() {
+        // sha256 of 00..08 "idemgate" 00..01 "e" 00..01 "o" 00..01 "b",
+        // computed independently (python3 hashlib), pins the encoding.
+        assert_eq!(
+            derived_key(&Schema::default(), "e", "o", "b"),
+            "612c862129ba6b33e38fb4b1033b754680f4370e36c07dc5de5510ac5a78e090"
+        );
     }
 }

@@ -30,6 +30,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "outbox", sql: include_str!("migrations/0001_outbox.sql") },
     Migration { version: 2, name: "gateway_keys", sql: include_str!("migrations/0002_gateway_keys.sql") },
     Migration { version: 3, name: "gateway_unknown", sql: include_str!("migrations/0003_gateway_unknown.sql") },
+    Migration { version: 4, name: "enqueue", sql: include_str!("migrations/0004_enqueue.sql") },
 ];
 
 /// The schema version this binary needs.

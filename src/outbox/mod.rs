@@ -3,8 +3,10 @@
 //! A service writes a side effect into `idemgate.outbox` with
 //! `idemgate.enqueue(...)` in the *same transaction* as its own state
 //! change; the relay publishes it later, at least once, always under the
-//! same derived key `hex(sha256(destination ‖ operation ‖ business_key))`,
-//! so a destination that honours `Idempotency-Key` applies it exactly once.
+//! same derived key `hex(sha256(outbox ‖ destination ‖ operation ‖
+//! business_key))`, so a destination that honours `Idempotency-Key` applies
+//! it exactly once. `outbox` is the schema's name, so two outboxes in one
+//! database never share a key at a destination they both use.
 //!
 //! The rooms:
 //!
