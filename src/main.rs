@@ -169,6 +169,11 @@ fn run(command: Command) -> Result<(), String> {
                 } else {
                     println!("schema {} migrated to {latest} (applied {applied:?})", schema.name());
                 }
+                let max_payload = config.relay.max_payload;
+                idemgate::outbox::migrate::configure(&client, &schema, max_payload.0)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("enqueue accepts payloads up to {max_payload} (relay.max_payload)");
                 Ok(())
             })
         }

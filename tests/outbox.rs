@@ -62,13 +62,12 @@ async fn every_request_carries_the_derived_key_the_payload_and_the_configured_he
     let payload = json!({"to": "a@b.c"});
     let mut message = Message::new(DESTINATION, "order-shipped", "order:10", &payload);
     message.headers.insert("x-tenant".into(), "acme".into());
-    message.headers.insert("idempotency-key".into(), "not-this-one".into());
     let key = enqueue_in(&fx.schema.schema, &tx, &message).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(key, derived_key(&fx.schema.schema, DESTINATION, "order-shipped", "order:10"));
     assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
     let received = fx.sink.received().remove(0);
-    assert_eq!(received.key, key, "the derived key wins over any header of the message");
+    assert_eq!(received.key, key, "a message cannot set its own key: enqueue refuses it");
     assert_eq!(received.payload, payload);
     let header = |name: &str| received.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     assert_eq!(header("authorization").as_deref(), Some("Bearer relay"));

@@ -93,6 +93,10 @@ pub enum OutboxError {
     /// The schema is missing, newer than this binary, or was altered.
     #[error("schema: {0}")]
     Schema(String),
+    /// `enqueue` refused the message (it says which argument and why);
+    /// sending it again cannot succeed.
+    #[error(transparent)]
+    Refused(#[from] enqueue::Refusal),
     /// The database computed another derived key than this binary did.
     #[error("derived key mismatch: the database computed {database}, this binary {rust}")]
     KeyMismatch {
