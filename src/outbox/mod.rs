@@ -11,7 +11,10 @@
 //! The rooms:
 //!
 //! - [`migrate`] — versioned, idempotent schema migrations (SQL files under
-//!   `migrations/`), run under an advisory lock.
+//!   `migrations/`), run under an advisory lock, and the settings row
+//!   (`max_payload`) the database enforces.
+//! - [`roles`] — what a service role (enqueue, nothing more) and a relay
+//!   role (not the owner, not a superuser) are granted.
 //! - [`enqueue`] — [`enqueue::derived_key`] (pure) and the Rust helper that
 //!   enqueues inside a caller's `tokio_postgres::Transaction`.
 //! - [`claim`] — every statement the relay runs: claim, renew, complete,
@@ -56,6 +59,7 @@ pub mod migrate;
 pub mod publisher;
 pub mod relay;
 pub mod retry;
+pub mod roles;
 pub mod tls;
 
 use std::borrow::Cow;

@@ -11,5 +11,6 @@ pub mod postgres_server;
 pub mod postgres_tls;
 pub mod redis_server;
 pub mod relay_process;
+pub mod roles;
 pub mod sink;
 pub mod upstream;
