@@ -6,6 +6,7 @@
 pub mod gateway;
 pub mod outbox;
 pub mod outbox_check;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod postgres_server;
 pub mod postgres_tls;
