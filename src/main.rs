@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use idemgate::config::{Config, Overrides};
+use idemgate::outbox::roles::{Duty, Role};
 
 #[derive(Parser)]
 #[command(name = "idemgate", version, about = "Makes retries safe: an idempotency gateway and an outbox relay.")]
@@ -29,7 +30,28 @@ enum Command {
     /// Run the outbox relay (destinations come from the config file).
     Relay(RelayArgs),
     /// Create or upgrade the Postgres schema `idemgate` (idempotent).
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Let ROLE enqueue, and nothing more (repeatable); prints the statements.
+    #[arg(long, value_name = "ROLE")]
+    grant_service: Vec<String>,
+    /// Let ROLE run the relay without owning the schema (repeatable); prints the statements.
+    #[arg(long, value_name = "ROLE")]
+    grant_relay: Vec<String>,
+}
+
+impl MigrateArgs {
+    /// The roles named by the flags, services first.
+    fn grants(&self) -> Result<Vec<(Duty, Role)>, String> {
+        let services = self.grant_service.iter().map(|r| (Duty::Service, r));
+        let relays = self.grant_relay.iter().map(|r| (Duty::Relay, r));
+        services.chain(relays).map(|(duty, name)| Ok((duty, Role::new(name).map_err(|e| e.to_string())?))).collect()
+    }
 }
 
 #[derive(Args)]
@@ -157,7 +179,8 @@ fn run(command: Command) -> Result<(), String> {
             runtime.block_on(idemgate::outbox::relay::run_from_config(&config, idemgate::app::shutdown_signal()))
         }
         Command::Migrate(args) => {
-            let config = args.load()?;
+            let grants = args.grants()?;
+            let config = args.database.load()?;
             let url = config.relay.database_url.ok_or("migrate needs --database-url or relay.database_url")?;
             runtime.block_on(async {
                 // A bad sslmode or sslrootcert is named as such, not as a failed connection.
@@ -172,6 +195,16 @@ fn run(command: Command) -> Result<(), String> {
                     println!("schema {} is up to date (migration {latest})", schema.name());
                 } else {
                     println!("schema {} migrated to {latest} (applied {applied:?})", schema.name());
+                }
+                let max_payload = config.relay.max_payload;
+                idemgate::outbox::migrate::configure(&client, &schema, max_payload.0)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("enqueue accepts payloads up to {max_payload} (relay.max_payload)");
+                for statement in
+                    idemgate::outbox::roles::grant(&mut client, &schema, &grants).await.map_err(|e| e.to_string())?
+                {
+                    println!("{statement};");
                 }
                 Ok(())
             })

@@ -21,27 +21,6 @@ const SHORT_LEASE: Duration = Duration::from_millis(200);
 const PAST_SHORT_LEASE: Duration = Duration::from_millis(350);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sql_and_rust_derive_byte_identical_keys() {
-    let fx = Fixture::start().await;
-    let client = fx.schema.connect().await;
-    let sql = fx.schema.sql("SELECT idemgate.derived_key($1, $2, $3)");
-    let triples = [
-        ("ab", "c", "x"),
-        ("a", "bc", "x"),
-        ("", "", ""),
-        ("email", "order-shipped", "order:1001"),
-        ("é", "日本", "😀"),
-    ];
-    let mut seen = Vec::new();
-    for (d, o, b) in triples {
-        let from_sql: String = client.query_one(&sql, &[&d, &o, &b]).await.unwrap().get(0);
-        assert_eq!(from_sql, derived_key(d, o, b), "{d:?} {o:?} {b:?}");
-        seen.push(from_sql);
-    }
-    assert_ne!(seen[0], seen[1], "(\"ab\",\"c\") and (\"a\",\"bc\") must differ");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_twice_change_nothing() {
     let fx = Fixture::start().await;
     let mut client = idemgate::outbox::migrate::connect(&fx.schema.url).await.unwrap();
@@ -85,10 +64,14 @@ async fn every_request_carries_the_derived_key_the_payload_and_the_configured_he
     message.headers.insert("x-tenant".into(), "acme".into());
     let key = enqueue_in(&fx.schema.schema, &tx, &message).await.unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(key, derived_key(DESTINATION, "order-shipped", "order:10"));
+    assert_eq!(key, derived_key(&fx.schema.schema, DESTINATION, "order-shipped", "order:10"));
     assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
     let received = fx.sink.received().remove(0);
+<<<<<<< HEAD
     assert_eq!(received.key, key, "every request carries the derived key");
+=======
+    assert_eq!(received.key, key, "a message cannot set its own key: enqueue refuses it");
+>>>>>>> wt-d
     assert_eq!(received.payload, payload);
     let header = |name: &str| received.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     assert_eq!(header("authorization").as_deref(), Some("Bearer relay"));

@@ -312,8 +312,9 @@ async fn a_poison_row_under_load_dies_with_its_reason_holds_only_its_key_and_flo
     let poison = workload.row_mut(&format!("{poison_key}:{poison_seq}"));
     poison.payload["status"] = json!(422);
     let poison = poison.clone();
-    let behind: Vec<String> =
-        (poison_seq + 1..PER_KEY).map(|seq| workload.row_mut(&format!("{poison_key}:{seq}")).derived_key()).collect();
+    let behind: Vec<String> = (poison_seq + 1..PER_KEY)
+        .map(|seq| workload.row_mut(&format!("{poison_key}:{seq}")).derived_key(&fx.schema.schema))
+        .collect();
 
     let stop = CancellationToken::new();
     let relays = spawn_relays(vec![fx.relay(LEASE), fx.relay(LEASE)], &fx.schema.url, &stop);
@@ -332,7 +333,7 @@ async fn a_poison_row_under_load_dies_with_its_reason_holds_only_its_key_and_flo
     // Redriven while the destination still rejects it: dead again, its key still held.
     assert_eq!(claim::redrive(&fx.db, None).await.unwrap(), 1);
     wait_until_settled(&fx.schema.url, &fx.schema.schema, SETTLE_LIMIT).await;
-    assert_eq!(fx.sink.count_for(&poison.derived_key()), 2);
+    assert_eq!(fx.sink.count_for(&poison.derived_key(&fx.schema.schema)), 2);
     let again = check(&client, &fx.schema.schema, &ledger, &fx.sink).await;
     assert_eq!((again.dead, again.blocked), (1, behind.len()), "{again}");
 

@@ -114,11 +114,16 @@ async fn wait_until_drained(schema: &TestSchema) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_from_the_command_line_is_idempotent() {
     let schema = TestSchema::unmigrated().await;
-    let env = [("IDEMGATE__RELAY__SCHEMA", schema.name())];
+    let env = [("IDEMGATE__RELAY__SCHEMA", schema.name()), ("IDEMGATE__RELAY__MAX_PAYLOAD", "2MiB")];
     let run = || Command::new(BINARY).args(["migrate", "--database-url", &schema.url]).envs(env).output().unwrap();
     let first = run();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    assert!(String::from_utf8_lossy(&first.stdout).contains("applied [1, 2, 3]"));
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains(&format!("migrated to {}", idemgate::outbox::migrate::latest_version())), "{stdout}");
+    assert!(stdout.contains("payloads up to 2MiB (relay.max_payload)"), "{stdout}");
+    let client = schema.connect().await;
+    let settings = idemgate::outbox::migrate::settings(&client, &schema.schema).await.unwrap();
+    assert_eq!(settings.max_payload, 2 << 20, "enqueue enforces the config's cap");
     let second = run();
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
     assert!(String::from_utf8_lossy(&second.stdout).contains("up to date"), "{second:?}");

@@ -66,7 +66,7 @@ async fn sslmode_require_encrypts_the_migration_the_pool_and_the_listen_session(
         .await
         .expect("enqueue over TLS");
     tx.commit().await.unwrap();
-    assert_eq!(key, derived_key("email", "order-shipped", "order:1"));
+    assert_eq!(key, derived_key(&Schema::default(), "email", "order-shipped", "order:1"));
     let stored: String =
         client.query_one("SELECT derived_key FROM idemgate.outbox", &[]).await.expect("the enqueued row").get(0);
     assert_eq!(stored, key);

@@ -126,7 +126,7 @@ async fn enqueue_rate(flags: &BTreeMap<String, String>) -> Result<String, Failur
                  payload => '{\"amount\":500}'::jsonb)",
             ))
             .await?;
-        let (rx, destination, prefix) = (rx.clone(), destination.clone(), prefix.clone());
+        let (rx, destination, prefix, schema) = (rx.clone(), destination.clone(), prefix.clone(), schema.clone());
         workers.push(tokio::spawn(async move {
             let mut done = Vec::new();
             let mut late_us = 0u64;
@@ -135,7 +135,7 @@ async fn enqueue_rate(flags: &BTreeMap<String, String>) -> Result<String, Failur
                 late_us = late_us.max(due.elapsed().as_micros() as u64);
                 let business_key = format!("{prefix}:{i}");
                 let key: String = client.query_one(&enqueue, &[&destination, &business_key]).await?.try_get(0)?;
-                if key != derived_key(&destination, "bench", &business_key) {
+                if key != derived_key(&schema, &destination, "bench", &business_key) {
                     return Err("the database derived another key than the library".into());
                 }
                 done.push((key, unix_us()));

@@ -62,6 +62,10 @@ pub struct RelayConfig {
     /// The schema holding the outbox (`idemgate`; another name for tests
     /// or several independent outboxes in one database).
     pub schema: String,
+    /// The largest payload `idemgate.enqueue` accepts, in bytes of the JSON
+    /// text the relay sends. Enforced by the database: `idemgate migrate`
+    /// writes it into `idemgate.settings`, so run it with this config.
+    pub max_payload: super::ByteSize,
 }
 
 impl Default for RelayConfig {
@@ -77,6 +81,7 @@ impl Default for RelayConfig {
             history_retention: secs(7 * 86_400),
             listen: true,
             schema: "idemgate".into(),
+            max_payload: super::ByteSize(1 << 20),
         }
     }
 }

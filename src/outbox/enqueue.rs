@@ -4,7 +4,24 @@
 //! caller's transaction, so Rust and SQL services share one implementation
 //! of the dedup, ordering and notification rules; it then checks that the
 //! database derived the same key as [`derived_key`] (a schema from an
-//! incompatible version would not).
+//! incompatible version would not, nor one renamed after it was migrated:
+//! its keys keep the outbox name it was migrated under, so that the rows
+//! waiting and the delivered history keep theirs).
+//!
+//! **Refusals.** A message the relay could not deliver as meant is refused
+//! at enqueue, so the service's transaction fails visibly instead of the
+//! row failing later, unseen: an empty or whitespace-only business key, a
+//! header that is not a valid HTTP header, one the relay or the connection
+//! owns (framing, hop-by-hop, `Idempotency-Key`), more than
+//! [`MAX_HEADER_BYTES`] of headers, a payload over the outbox's
+//! `max_payload`. The SQL function checks them all; [`Message::check`]
+//! checks all but the payload's size *before* anything is sent, in the
+//! same order and with the same messages, so an error reads the same
+//! whichever side found it. The payload's size is the database's alone to
+//! judge: the cap counts the JSON text the relay will send
+//! (`payload::text`, PostgreSQL's rendering of the `jsonb`), which only the
+//! database produces exactly. Either way the error is
+//! [`OutboxError::Refused`], which retrying cannot cure.
 //!
 //! ```no_run
 //! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -25,10 +42,74 @@ use tokio_postgres::types::Type;
 use super::{OutboxError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
 
-/// `hex(sha256(destination ‖ operation ‖ business_key))` with length-prefixed
-/// fields: the key every delivery of the message carries.
-pub fn derived_key(destination: &str, operation: &str, business_key: &str) -> String {
-    to_hex(&hash_fields(&[destination.as_bytes(), operation.as_bytes(), business_key.as_bytes()]))
+/// `hex(sha256(outbox ‖ destination ‖ operation ‖ business_key))` with
+/// length-prefixed fields, `outbox` the schema's name: the key every
+/// delivery of the message carries. Naming the outbox keeps two outboxes
+/// in one database (two services sharing a destination) from ever handing
+/// it the same key for different effects.
+pub fn derived_key(outbox: &Schema, destination: &str, operation: &str, business_key: &str) -> String {
+    let fields = [outbox.name().as_bytes(), destination.as_bytes(), operation.as_bytes(), business_key.as_bytes()];
+    to_hex(&hash_fields(&fields))
+}
+
+/// Headers a message may not set: framing and hop-by-hop headers (they
+/// could cut the body short or smuggle a second request, and belong to
+/// the connection, not the message), and `Idempotency-Key`, which the
+/// relay sets to the derived key.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-connection",
+    "idempotency-key",
+];
+
+/// The most bytes of header names and values one message may carry: 8 KiB,
+/// what common servers accept in a request's header section.
+pub const MAX_HEADER_BYTES: usize = 8192;
+
+/// Why `enqueue` refused a message. The messages are those of the SQL
+/// function, word for word.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Empty or only whitespace: every such message would share one key.
+    #[error("enqueue: business_key must not be empty or only whitespace")]
+    BlankBusinessKey,
+    /// A header name that is not an HTTP token.
+    #[error("enqueue: headers: \"{0}\" is not a valid header name")]
+    HeaderName(String),
+    /// A header in [`RESERVED_HEADERS`] (any case).
+    #[error("enqueue: headers: \"{0}\" is set by the relay or the connection, not per message")]
+    ReservedHeader(String),
+    /// A header value with a character outside printable ASCII, space and tab.
+    #[error("enqueue: headers: the value of \"{0}\" must be a string of printable ASCII")]
+    HeaderValue(String),
+    /// More than [`MAX_HEADER_BYTES`] of names and values.
+    #[error("enqueue: headers are {0} bytes, more than 8192")]
+    HeadersTooLarge(usize),
+    /// Refused by the database itself, with its message: the payload over
+    /// `max_payload` (which only the database measures).
+    #[error("{0}")]
+    Database(String),
+}
+
+fn is_blank(text: &str) -> bool {
+    // The SQL function's class [ \t\n\r\v\f], not Unicode whitespace.
+    text.bytes().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c))
+}
+
+fn is_token(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn is_printable(value: &str) -> bool {
+    value.bytes().all(|b| b == b'\t' || (0x20..=0x7e).contains(&b))
 }
 
 /// One message to enqueue.
@@ -64,6 +145,32 @@ impl<'a> Message<'a> {
         self.ordering_key = Some(ordering_key);
         self
     }
+
+    /// What `idemgate.enqueue` would refuse in this message, but the
+    /// payload's size: the first fault in the function's order (business
+    /// key, then each header by name in byte order, then their total).
+    pub fn check(&self) -> Result<(), Refusal> {
+        if is_blank(self.business_key) {
+            return Err(Refusal::BlankBusinessKey);
+        }
+        let mut bytes = 0;
+        for (name, value) in &self.headers {
+            if !is_token(name) {
+                return Err(Refusal::HeaderName(name.clone()));
+            }
+            if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                return Err(Refusal::ReservedHeader(name.clone()));
+            }
+            if !is_printable(value) {
+                return Err(Refusal::HeaderValue(name.clone()));
+            }
+            bytes += name.len() + value.len();
+        }
+        if bytes > MAX_HEADER_BYTES {
+            return Err(Refusal::HeadersTooLarge(bytes));
+        }
+        Ok(())
+    }
 }
 
 const ENQUEUE: &str = "SELECT idemgate.enqueue(destination => $1, operation => $2, business_key => $3, \
@@ -81,6 +188,7 @@ pub async fn enqueue_in(
     transaction: &Transaction<'_>,
     message: &Message<'_>,
 ) -> Result<String, OutboxError> {
+    message.check()?;
     let payload = message.payload.to_string();
     let headers = serde_json::to_string(&message.headers).unwrap_or_else(|_| "{}".into());
     // Typed parameters: parse, bind and execute go in one round trip, where
@@ -97,14 +205,29 @@ pub async fn enqueue_in(
                 (&headers, Type::TEXT),
             ],
         )
-        .await?;
+        .await
+        .map_err(refusal_or_error)?;
     let row = rows.first().ok_or(OutboxError::Schema("idemgate.enqueue returned no row".into()))?;
     let database: String = row.try_get(0)?;
-    let rust = derived_key(message.destination, message.operation, message.business_key);
+    let rust = derived_key(schema, message.destination, message.operation, message.business_key);
     if database != rust {
         return Err(OutboxError::KeyMismatch { database, rust });
     }
     Ok(rust)
+}
+
+/// A refusal raised by `idemgate.enqueue` as [`OutboxError::Refused`]; any
+/// other error as it is.
+fn refusal_or_error(error: tokio_postgres::Error) -> OutboxError {
+    use tokio_postgres::error::SqlState;
+    let refused = error.as_db_error().filter(|db| {
+        [SqlState::INVALID_PARAMETER_VALUE, SqlState::PROGRAM_LIMIT_EXCEEDED].contains(db.code())
+            && db.message().starts_with("enqueue: ")
+    });
+    match refused {
+        Some(db) => OutboxError::Refused(Refusal::Database(db.message().to_string())),
+        None => OutboxError::Database(error),
+    }
 }
 
 #[cfg(test)]
@@ -113,8 +236,90 @@ mod tests {
 
     #[test]
     fn field_boundaries_are_part_of_the_key() {
-        assert_ne!(derived_key("ab", "c", "x"), derived_key("a", "bc", "x"));
-        assert_ne!(derived_key("e", "", "x"), derived_key("", "e", "x"));
-        assert_eq!(derived_key("email", "order-shipped", "order:1001").len(), 64);
+        let outbox = Schema::default();
+        assert_ne!(derived_key(&outbox, "ab", "c", "x"), derived_key(&outbox, "a", "bc", "x"));
+        assert_ne!(derived_key(&outbox, "e", "", "x"), derived_key(&outbox, "", "e", "x"));
+        assert_eq!(derived_key(&outbox, "email", "order-shipped", "order:1001").len(), 64);
+    }
+
+    #[test]
+    fn two_outboxes_derive_different_keys_for_one_message() {
+        let (a, b) = (Schema::default(), Schema::new("shop_b").unwrap());
+        assert_ne!(
+            derived_key(&a, "billing", "charge", "order:1001"),
+            derived_key(&b, "billing", "charge", "order:1001")
+        );
+    }
+
+    #[test]
+    fn the_key_is_the_hash_of_four_length_prefixed_fields() {
+        // sha256 of 00..08 "idemgate" 00..01 "e" 00..01 "o" 00..01 "b",
+        // computed independently (python3 hashlib), pins the encoding.
+        assert_eq!(
+            derived_key(&Schema::default(), "e", "o", "b"),
+            "612c862129ba6b33e38fb4b1033b754680f4370e36c07dc5de5510ac5a78e090"
+        );
+    }
+
+    fn message_with_header<'a>(payload: &'a serde_json::Value, name: &str, value: &str) -> Message<'a> {
+        let mut message = Message::new("email", "order-shipped", "order:1", payload);
+        message.headers.insert(name.into(), value.into());
+        message
+    }
+
+    #[test]
+    fn an_empty_or_blank_business_key_is_refused_and_any_other_is_not() {
+        let payload = serde_json::json!({});
+        for blank in ["", " ", "\t\n", "\r\x0b\x0c "] {
+            let message = Message::new("email", "order-shipped", blank, &payload);
+            assert_eq!(message.check(), Err(Refusal::BlankBusinessKey), "{blank:?}");
+        }
+        for fine in ["x", " order:1 ", "\u{a0}"] {
+            assert_eq!(Message::new("email", "order-shipped", fine, &payload).check(), Ok(()), "{fine:?}");
+        }
+    }
+
+    #[test]
+    fn framing_hop_by_hop_and_the_idempotency_key_are_refused_in_any_case() {
+        let payload = serde_json::json!({});
+        for name in RESERVED_HEADERS.iter().copied().chain(["Content-Length", "HOST", "Idempotency-Key"]) {
+            let message = message_with_header(&payload, name, "5");
+            assert_eq!(message.check(), Err(Refusal::ReservedHeader(name.into())), "{name}");
+        }
+        for name in ["x-tenant", "authorization", "content-type", "x-a.b_c~1"] {
+            assert_eq!(message_with_header(&payload, name, "v").check(), Ok(()), "{name}");
+        }
+    }
+
+    #[test]
+    fn header_names_must_be_tokens_and_values_printable_ascii() {
+        let payload = serde_json::json!({});
+        for name in ["", "x y", "x:y", "x\ny", "é", "(x)"] {
+            let message = message_with_header(&payload, name, "v");
+            assert_eq!(message.check(), Err(Refusal::HeaderName(name.into())), "{name:?}");
+        }
+        for value in ["a\r\nx-injected: 1", "a\nb", "\u{0}", "\u{7f}", "é"] {
+            let message = message_with_header(&payload, "x-note", value);
+            assert_eq!(message.check(), Err(Refusal::HeaderValue("x-note".into())), "{value:?}");
+        }
+        assert_eq!(message_with_header(&payload, "x-note", "a b\t~").check(), Ok(()));
+    }
+
+    #[test]
+    fn headers_are_bounded_in_bytes() {
+        let payload = serde_json::json!({});
+        let fits = message_with_header(&payload, "x-big", &"v".repeat(MAX_HEADER_BYTES - 5));
+        assert_eq!(fits.check(), Ok(()));
+        let over = message_with_header(&payload, "x-big", &"v".repeat(MAX_HEADER_BYTES - 4));
+        assert_eq!(over.check(), Err(Refusal::HeadersTooLarge(MAX_HEADER_BYTES + 1)));
+    }
+
+    #[test]
+    fn the_first_fault_in_name_order_is_the_one_reported() {
+        let payload = serde_json::json!({});
+        let mut message = message_with_header(&payload, "x-b", "\n");
+        message.headers.insert("Host".into(), "x".into());
+        // Byte order: "Host" < "x-b", as the SQL function's ORDER BY key COLLATE "C".
+        assert_eq!(message.check(), Err(Refusal::ReservedHeader("Host".into())));
     }
 }

@@ -8,6 +8,12 @@
 //! version with a checksum of its SQL; a recorded migration whose SQL has
 //! changed since is an error, never silently re-run. Running [`run`] twice
 //! changes nothing the second time.
+//!
+//! [`configure`] then writes what the config decides into the one row of
+//! `idemgate.settings` (the payload cap `enqueue` enforces): a SQL function
+//! cannot read the relay's config file, so the database keeps its own copy,
+//! refreshed by every `idemgate migrate`. [`run`] alone (the Postgres key
+//! store runs it at start) leaves the row as it is.
 
 use tokio_postgres::Client;
 
@@ -30,6 +36,8 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "outbox", sql: include_str!("migrations/0001_outbox.sql") },
     Migration { version: 2, name: "gateway_keys", sql: include_str!("migrations/0002_gateway_keys.sql") },
     Migration { version: 3, name: "gateway_unknown", sql: include_str!("migrations/0003_gateway_unknown.sql") },
+    Migration { version: 4, name: "enqueue", sql: include_str!("migrations/0004_enqueue.sql") },
+    Migration { version: 5, name: "roles", sql: include_str!("migrations/0005_roles.sql") },
 ];
 
 /// The schema version this binary needs.
@@ -51,6 +59,12 @@ fn checksum(migration: &Migration) -> String {
 
 /// Applies the missing migrations to `schema`; returns the versions it applied.
 pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, OutboxError> {
+    run_up_to(client, schema, latest_version()).await
+}
+
+/// [`run`], stopping after migration `last`: what an older binary would
+/// have left behind (upgrade tests start from there).
+pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Result<Vec<i32>, OutboxError> {
     let transaction = client.transaction().await?;
     // One lock per schema: migrators of one schema queue, others do not wait.
     let lock = format!("idemgate.migrate:{}", schema.name());
@@ -66,7 +80,7 @@ pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, Outbo
         )));
     }
     let mut done = Vec::new();
-    for migration in MIGRATIONS {
+    for migration in MIGRATIONS.iter().filter(|m| m.version <= last) {
         match applied.iter().find(|(v, _)| *v == migration.version) {
             Some((_, recorded)) if *recorded == checksum(migration) => {}
             Some(_) => {
@@ -93,6 +107,33 @@ pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, Outbo
     }
     transaction.commit().await?;
     Ok(done)
+}
+
+/// What `idemgate.settings` holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The name every derived key starts with (the schema's, when migrated).
+    pub outbox: String,
+    /// The largest payload `enqueue` accepts, in bytes of its JSON text.
+    pub max_payload: u64,
+}
+
+/// Reads `idemgate.settings`.
+pub async fn settings(client: &Client, schema: &Schema) -> Result<Settings, OutboxError> {
+    let row = client.query_one(&*schema.sql("SELECT outbox, max_payload FROM idemgate.settings"), &[]).await?;
+    let max_payload: i64 = row.try_get(1)?;
+    Ok(Settings { outbox: row.try_get(0)?, max_payload: u64::try_from(max_payload).unwrap_or(0) })
+}
+
+/// Sets the payload cap `enqueue` enforces (`relay.max_payload`); returns
+/// the settings as they now are.
+pub async fn configure(client: &Client, schema: &Schema, max_payload: u64) -> Result<Settings, OutboxError> {
+    let cap = i64::try_from(max_payload)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| OutboxError::Schema(format!("relay.max_payload = {max_payload} bytes: must be positive")))?;
+    client.execute(&*schema.sql("UPDATE idemgate.settings SET max_payload = $1"), &[&cap]).await?;
+    settings(client, schema).await
 }
 
 /// One plain connection (outside any pool) for running migrations.

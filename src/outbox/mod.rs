@@ -3,13 +3,18 @@
 //! A service writes a side effect into `idemgate.outbox` with
 //! `idemgate.enqueue(...)` in the *same transaction* as its own state
 //! change; the relay publishes it later, at least once, always under the
-//! same derived key `hex(sha256(destination ‖ operation ‖ business_key))`,
-//! so a destination that honours `Idempotency-Key` applies it exactly once.
+//! same derived key `hex(sha256(outbox ‖ destination ‖ operation ‖
+//! business_key))`, so a destination that honours `Idempotency-Key` applies
+//! it exactly once. `outbox` is the schema's name, so two outboxes in one
+//! database never share a key at a destination they both use.
 //!
 //! The rooms:
 //!
 //! - [`migrate`] — versioned, idempotent schema migrations (SQL files under
-//!   `migrations/`), run under an advisory lock.
+//!   `migrations/`), run under an advisory lock, and the settings row
+//!   (`max_payload`) the database enforces.
+//! - [`roles`] — what a service role (enqueue, nothing more) and a relay
+//!   role (not the owner, not a superuser) are granted.
 //! - [`enqueue`] — [`enqueue::derived_key`] (pure) and the Rust helper that
 //!   enqueues inside a caller's `tokio_postgres::Transaction`.
 //! - [`claim`] — every statement the relay runs: claim, renew, complete,
@@ -54,6 +59,7 @@ pub mod migrate;
 pub mod publisher;
 pub mod relay;
 pub mod retry;
+pub mod roles;
 pub mod tls;
 
 use std::borrow::Cow;
@@ -91,6 +97,10 @@ pub enum OutboxError {
     /// The schema is missing, newer than this binary, or was altered.
     #[error("schema: {0}")]
     Schema(String),
+    /// `enqueue` refused the message (it says which argument and why);
+    /// sending it again cannot succeed.
+    #[error(transparent)]
+    Refused(#[from] enqueue::Refusal),
     /// The database computed another derived key than this binary did.
     #[error("derived key mismatch: the database computed {database}, this binary {rust}")]
     KeyMismatch {

@@ -64,9 +64,9 @@ pub struct Row {
 }
 
 impl Row {
-    /// The key every delivery of this row carries.
-    pub fn derived_key(&self) -> String {
-        derived_key(&self.destination, OPERATION, &self.business_key)
+    /// The key every delivery of this row carries, from the outbox in `schema`.
+    pub fn derived_key(&self, schema: &Schema) -> String {
+        derived_key(schema, &self.destination, OPERATION, &self.business_key)
     }
 }
 
@@ -202,7 +202,7 @@ async fn enqueue_one(client: &mut Option<Client>, url: &str, schema: &Schema, ro
         let key = enqueue_in(schema, &tx, &message).await.map_err(|e| e.to_string())?;
         // An error here leaves the outcome unknown; the retry is a no-op if it committed.
         tx.commit().await.map_err(|e| e.to_string())?;
-        assert_eq!(key, row.derived_key());
+        assert_eq!(key, row.derived_key(schema));
         Ok(())
     };
     tokio::time::timeout(Duration::from_secs(10), attempt).await.map_err(|_| "enqueue timed out".to_string())?
@@ -346,7 +346,7 @@ pub async fn verify(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Si
     let violations = &mut report.violations;
 
     // Every request: a known key, the body of that key's row, identical repeats.
-    let by_key: HashMap<String, &Row> = committed.iter().map(|r| (r.derived_key(), r)).collect();
+    let by_key: HashMap<String, &Row> = committed.iter().map(|r| (r.derived_key(schema), r)).collect();
     let mut first_body: HashMap<&str, &bytes::Bytes> = HashMap::new();
     let mut requests_per_key: HashMap<&str, usize> = HashMap::new();
     let mut applied_business_keys: HashMap<String, usize> = HashMap::new();
@@ -389,7 +389,7 @@ pub async fn verify(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Si
         })
     };
     for row in &committed {
-        let key = row.derived_key();
+        let key = row.derived_key(schema);
         let name = &row.business_key;
         match (history.contains(&key), outbox.get(&key)) {
             (true, Some(_)) => violations.push(format!("{name} is both delivered and still in the outbox")),
