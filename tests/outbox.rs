@@ -67,11 +67,7 @@ async fn every_request_carries_the_derived_key_the_payload_and_the_configured_he
     assert_eq!(key, derived_key(&fx.schema.schema, DESTINATION, "order-shipped", "order:10"));
     assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
     let received = fx.sink.received().remove(0);
-<<<<<<< HEAD
-    assert_eq!(received.key, key, "every request carries the derived key");
-=======
     assert_eq!(received.key, key, "a message cannot set its own key: enqueue refuses it");
->>>>>>> wt-d
     assert_eq!(received.payload, payload);
     let header = |name: &str| received.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     assert_eq!(header("authorization").as_deref(), Some("Bearer relay"));
