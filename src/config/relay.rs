@@ -52,6 +52,16 @@ pub struct RelayConfig {
     /// The schema holding the outbox (`idemgate`; another name for tests
     /// or several independent outboxes in one database).
     pub schema: String,
+    /// Publishes in flight at once to *each* destination (at least 1): a
+    /// slow destination holds at most this many of its own slots, and
+    /// never another destination's claims or publishes.
+    pub max_in_flight: std::num::NonZeroU32,
+    /// Payload bytes one claim takes at most (as well as `batch_size`
+    /// rows); a single row larger than this is claimed alone.
+    pub max_batch_bytes: super::ByteSize,
+    /// Payload bytes held by claimed, unpublished rows across all
+    /// destinations, shared out equally between them.
+    pub max_in_flight_bytes: super::ByteSize,
 }
 
 impl Default for RelayConfig {
@@ -67,6 +77,9 @@ impl Default for RelayConfig {
             history_retention: secs(7 * 86_400),
             listen: true,
             schema: "idemgate".into(),
+            max_in_flight: std::num::NonZeroU32::new(128).unwrap_or(std::num::NonZeroU32::MIN),
+            max_batch_bytes: super::ByteSize(8 << 20),
+            max_in_flight_bytes: super::ByteSize(32 << 20),
         }
     }
 }
