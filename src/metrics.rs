@@ -32,6 +32,8 @@ pub struct Metrics {
     pub settle_abandoned: IntCounter,
     /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead).
     pub outbox_rows: IntGaugeVec,
+    /// `idemgate_outbox_in_flight{destination}`.
+    pub outbox_in_flight: IntGaugeVec,
     /// `idemgate_outbox_oldest_ready_age_seconds{destination}`.
     pub outbox_oldest_ready_age: IntGaugeVec,
     /// `idemgate_outbox_delivery_attempts_total{destination, outcome}`.
@@ -103,6 +105,11 @@ impl Metrics {
                 "idemgate_outbox_rows",
                 "Outbox rows by destination and state.",
                 &["destination", "state"],
+            ),
+            outbox_in_flight: gauge_vec(
+                "idemgate_outbox_in_flight",
+                "Publishes running now, by destination (at most relay.max_in_flight each).",
+                &["destination"],
             ),
             outbox_oldest_ready_age: gauge_vec(
                 "idemgate_outbox_oldest_ready_age_seconds",

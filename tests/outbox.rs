@@ -163,6 +163,9 @@ async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
     let client = db.pool.get().await.unwrap();
     let setting: String = client.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
     assert_eq!(setting, "off");
+    // A plan with a sort it cannot avoid then costs so much that it would be JIT-compiled on every claim.
+    let jit: String = client.query_one("SHOW jit", &[]).await.unwrap().get(0);
+    assert_eq!(jit, "off");
     let plain = fx.db.pool.get().await.unwrap();
     let setting: String = plain.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
     assert_eq!(setting, "on", "only the relay's sessions");

@@ -208,7 +208,7 @@ fn claimed(destination: &str, headers: &[(&str, &str)]) -> Claimed {
         destination: destination.into(),
         operation: "notify".into(),
         business_key: "order:1".into(),
-        payload: "{\"amount\":1}".into(),
+        payload: String::from("{\"amount\":1}").into(),
         headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
         ordering_key: None,
     }

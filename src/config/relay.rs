@@ -66,6 +66,16 @@ pub struct RelayConfig {
     /// text the relay sends. Enforced by the database: `idemgate migrate`
     /// writes it into `idemgate.settings`, so run it with this config.
     pub max_payload: super::ByteSize,
+    /// Publishes in flight at once to *each* destination (at least 1): a
+    /// slow destination holds at most this many of its own slots, and
+    /// never another destination's claims or publishes.
+    pub max_in_flight: std::num::NonZeroU32,
+    /// Payload bytes one claim takes at most (as well as `batch_size`
+    /// rows); a single row larger than this is claimed alone.
+    pub max_batch_bytes: super::ByteSize,
+    /// Payload bytes held by claimed, unpublished rows across all
+    /// destinations, shared out equally between them.
+    pub max_in_flight_bytes: super::ByteSize,
 }
 
 impl Default for RelayConfig {
@@ -82,6 +92,9 @@ impl Default for RelayConfig {
             listen: true,
             schema: "idemgate".into(),
             max_payload: super::ByteSize(1 << 20),
+            max_in_flight: std::num::NonZeroU32::new(128).unwrap_or(std::num::NonZeroU32::MIN),
+            max_batch_bytes: super::ByteSize(8 << 20),
+            max_in_flight_bytes: super::ByteSize(32 << 20),
         }
     }
 }

@@ -23,6 +23,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+
 use super::{Database, OutboxError};
 
 /// Identifies one claim of one row: completion and failure need it.
@@ -32,6 +34,40 @@ pub struct Fence {
     pub id: i64,
     /// `attempts` as the claim set it.
     pub attempts: i32,
+}
+
+/// A message's JSON payload as text, shared: a clone (for a publish, a
+/// retry) copies no bytes, so a claimed row is held in memory once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload(Bytes);
+
+impl Payload {
+    /// Its length in bytes, as the claim's byte limits count it.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty (a payload dropped after its publish).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The text's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Self {
+        Self(Bytes::from(text))
+    }
+}
+
+impl From<Payload> for Bytes {
+    fn from(payload: Payload) -> Self {
+        payload.0
+    }
 }
 
 /// A claimed row: the message and the fence of this claim.
@@ -50,27 +86,38 @@ pub struct Claimed {
     /// Which business object it is about.
     pub business_key: String,
     /// The JSON payload, as text.
-    pub payload: String,
+    pub payload: Payload,
     /// Extra request headers given at enqueue.
     pub headers: Vec<(String, String)>,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
 }
 
+// The candidates are the due heads in due order, `$2` at most; of those
+// the claim takes rows while their payloads add up to `$4` bytes — and the
+// first one whatever its size when `$5` says it may go alone, so a row
+// larger than any budget is still delivered. A candidate not taken is only
+// locked for the statement's duration. The size is the payload's text, as
+// the relay holds it (`pg_column_size` would count it compressed).
 const CLAIM: &str = "
 WITH candidates AS (
-    SELECT o.id FROM idemgate.outbox o
+    SELECT o.id, o.available_at, octet_length(o.payload::text) AS bytes FROM idemgate.outbox o
      WHERE o.state = 'ready' AND o.available_at <= now() AND o.destination = ANY($1::text[])
        AND (o.ordering_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM idemgate.outbox e
               WHERE e.ordering_key = o.ordering_key AND e.ordering_seq < o.ordering_seq))
      ORDER BY o.available_at, o.id
      LIMIT $2
-     FOR UPDATE SKIP LOCKED)
+     FOR UPDATE SKIP LOCKED),
+taken AS (
+    SELECT c.id FROM (
+        SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
+          FROM candidates WINDOW w AS (ORDER BY available_at, id)) c
+     WHERE c.running <= $4 OR (c.n = 1 AND $5))
 UPDATE idemgate.outbox o
    SET state = 'leased', attempts = o.attempts + 1,
        lease_until = now() + $3::bigint * interval '1 millisecond'
-  FROM candidates c
+  FROM taken c
  WHERE o.id = c.id
 RETURNING o.id, o.attempts, o.attempts - o.attempts_at_redrive, o.derived_key, o.destination, o.operation,
           o.business_key, o.payload::text, o.headers::text, o.ordering_key";
@@ -140,6 +187,25 @@ fn headers_from_json(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// How much one claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Rows, at most.
+    pub rows: u32,
+    /// Payload bytes (as text), at most, counting every row taken.
+    pub bytes: u64,
+    /// Whether the first row is taken even when it alone is over `bytes`
+    /// (the claimer holds nothing else, so nothing waits behind it).
+    pub alone: bool,
+}
+
+impl Limits {
+    /// `rows` rows of any size.
+    pub fn rows(rows: u32) -> Self {
+        Self { rows, bytes: u64::MAX, alone: true }
+    }
+}
+
 /// Claims up to `limit` due rows of `destinations` under a lease of `lease`.
 pub async fn claim_batch(
     db: &Database,
@@ -147,11 +213,25 @@ pub async fn claim_batch(
     limit: u32,
     lease: Duration,
 ) -> Result<Vec<Claimed>, OutboxError> {
+    claim_within(db, destinations, Limits::rows(limit), lease).await
+}
+
+/// Claims due rows of `destinations` within `limits`, in due order, under a lease of `lease`.
+pub async fn claim_within(
+    db: &Database,
+    destinations: &[String],
+    limits: Limits,
+    lease: Duration,
+) -> Result<Vec<Claimed>, OutboxError> {
     let (client, statement) = db.prepare(CLAIM).await?;
-    let rows = client.query(&statement, &[&destinations, &i64::from(limit), &millis(lease)]).await?;
+    let bytes = i64::try_from(limits.bytes).unwrap_or(i64::MAX);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&destinations, &i64::from(limits.rows), &millis(lease), &bytes, &limits.alone];
+    let rows = client.query(&statement, &params).await?;
     rows.iter()
         .map(|row| {
             let attempt: i32 = row.try_get(2)?;
+            let payload: String = row.try_get(7)?;
             Ok(Claimed {
                 fence: Fence { id: row.try_get(0)?, attempts: row.try_get(1)? },
                 attempt: u32::try_from(attempt).unwrap_or(0),
@@ -159,7 +239,7 @@ pub async fn claim_batch(
                 destination: row.try_get(4)?,
                 operation: row.try_get(5)?,
                 business_key: row.try_get(6)?,
-                payload: row.try_get(7)?,
+                payload: Payload::from(payload),
                 headers: headers_from_json(row.try_get(8)?),
                 ordering_key: row.try_get(9)?,
             })
@@ -208,48 +288,6 @@ pub async fn complete_batch(db: &Database, fences: &[Fence]) -> Result<Vec<(i64,
         .map(|r| {
             let seconds: f64 = r.try_get(1)?;
             Ok((r.try_get(0)?, Duration::try_from_secs_f64(seconds).unwrap_or(Duration::ZERO)))
-        })
-        .collect()
-}
-
-/// One destination's backlog, for the gauges.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Backlog {
-    /// The destination.
-    pub destination: String,
-    /// Rows waiting (due or backing off).
-    pub ready: i64,
-    /// Rows claimed right now.
-    pub leased: i64,
-    /// Dead rows.
-    pub dead: i64,
-    /// Age of the oldest waiting row since it was enqueued, by the database clock.
-    pub oldest_ready_age: Duration,
-}
-
-/// The backlog of every destination that has rows.
-pub async fn backlog(db: &Database) -> Result<Vec<Backlog>, OutboxError> {
-    let (client, statement) = db
-        .prepare(
-            "SELECT destination,
-                    count(*) FILTER (WHERE state = 'ready'),
-                    count(*) FILTER (WHERE state = 'leased'),
-                    count(*) FILTER (WHERE state = 'dead'),
-                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'ready')), 0)::float8
-               FROM idemgate.outbox GROUP BY destination",
-        )
-        .await?;
-    let rows = client.query(&statement, &[]).await?;
-    rows.iter()
-        .map(|r| {
-            let age: f64 = r.try_get(4)?;
-            Ok(Backlog {
-                destination: r.try_get(0)?,
-                ready: r.try_get(1)?,
-                leased: r.try_get(2)?,
-                dead: r.try_get(3)?,
-                oldest_ready_age: Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
-            })
         })
         .collect()
 }

@@ -2,13 +2,15 @@
 //!
 //! The listening connection lives outside the pool: a pooled connection
 //! would be recycled or shared, and LISTEN belongs to one session. Every
-//! notification (`enqueue` and `redrive` send one per transaction) wakes the
-//! relay through a [`Notify`], which keeps one permit, so a notification
-//! that arrives while a batch runs starts the next batch at once.
+//! notification (`enqueue` and `redrive` send one per transaction) is
+//! handed to a callback with its payload ([`listen_with`]; the relay wakes
+//! the lane of the destination it names, or every lane when it names none),
+//! or wakes a [`Notify`] ([`listen`]), which keeps one permit, so a
+//! notification that arrives while a claim runs starts the next at once.
 //!
 //! Notifications are only a hint. If this connection drops it reconnects
-//! with a bounded backoff, waking the relay once after each (re)connect to
-//! pick up whatever was missed; meanwhile the relay's polling keeps
+//! with a bounded backoff, calling back once after each (re)connect with an
+//! empty payload (anything may have been missed); meanwhile the relay's polling keeps
 //! delivering. A lost notification costs at most one poll interval.
 
 use std::sync::Arc;
@@ -23,10 +25,16 @@ use super::{CHANNEL, Endpoint, ErrorChain};
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
+/// Listens until `stop` is cancelled, waking `wake` on every notification.
+pub async fn listen(endpoint: Endpoint, wake: Arc<Notify>, stop: CancellationToken) {
+    listen_with(endpoint, move |_: &str| wake.notify_one(), stop).await;
+}
+
 /// Listens until `stop` is cancelled, reconnecting as needed, with the
-/// endpoint's TLS settings. The session shows as
+/// endpoint's TLS settings, calling `notified` with each notification's
+/// payload (`""` after each (re)connect). The session shows as
 /// `application_name = idemgate-listen` unless the URL names one.
-pub async fn listen(mut endpoint: Endpoint, wake: Arc<Notify>, stop: CancellationToken) {
+pub async fn listen_with(mut endpoint: Endpoint, notified: impl Fn(&str) + Send + Sync, stop: CancellationToken) {
     if endpoint.config.get_application_name().is_none() {
         endpoint.config.application_name("idemgate-listen");
     }
@@ -35,7 +43,7 @@ pub async fn listen(mut endpoint: Endpoint, wake: Arc<Notify>, stop: Cancellatio
         let mut connected = false;
         // A server that accepts but never answers must not hold a shutdown.
         let attempt = tokio::select! {
-            result = listen_once(&endpoint, &wake, &stop, &mut connected) => result,
+            result = listen_once(&endpoint, &notified, &stop, &mut connected) => result,
             () = stop.cancelled() => return,
         };
         match attempt {
@@ -57,7 +65,7 @@ pub async fn listen(mut endpoint: Endpoint, wake: Arc<Notify>, stop: Cancellatio
 
 async fn listen_once(
     endpoint: &Endpoint,
-    wake: &Notify,
+    notified: &(impl Fn(&str) + Send + Sync),
     stop: &CancellationToken,
     connected: &mut bool,
 ) -> Result<(), tokio_postgres::Error> {
@@ -65,7 +73,7 @@ async fn listen_once(
     let driver = async {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(_))) => wake.notify_one(),
+                Some(Ok(AsyncMessage::Notification(notification))) => notified(notification.payload()),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(e),
                 None => return Ok(()),
@@ -82,7 +90,7 @@ async fn listen_once(
     tracing::debug!("outbox LISTEN connected");
     *connected = true;
     // Anything enqueued before LISTEN took effect sent its notification to no one.
-    wake.notify_one();
+    notified("");
     tokio::select! {
         result = &mut driver => result,
         _ = stop.cancelled() => Ok(()),

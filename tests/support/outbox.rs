@@ -29,10 +29,11 @@ pub fn settings(lease: Duration) -> Settings {
     Settings {
         lease,
         batch_size: 32,
-        workers: 1,
+        max_in_flight: 32,
         poll_interval: Duration::from_millis(50),
         reap_interval: Duration::from_millis(50),
         history_retention: Duration::from_secs(7 * 86_400),
+        ..Settings::default()
     }
 }
 

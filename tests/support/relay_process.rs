@@ -60,6 +60,19 @@ impl RelayProcess {
         }
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A field of `/proc/<pid>/status` in KiB (`VmHWM`: peak resident
+    /// memory; `VmRSS`: now), while it runs.
+    pub fn memory_kib(&self, field: &str) -> Option<u64> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let line = status.lines().find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
+        line[field.len() + 1..].trim().trim_end_matches("kB").trim().parse().ok()
+    }
+
     /// `true` while the process runs.
     pub fn running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())

@@ -1,5 +1,6 @@
-//! A delivery sink for the outbox scenarios (P7, P8): answers every `POST`
-//! with `200 ok` at once and records its `Idempotency-Key` and the time it
+//! A delivery sink for the outbox scenarios (P7, P8, P11): answers every
+//! `POST` with `200 ok` — at once, or after `--delay-ms` (P11's slow
+//! destination) — and records its `Idempotency-Key` and the time it
 //! arrived (wall clock, microseconds since the Unix epoch, so the harness
 //! can set it against commit times taken by another process on this
 //! machine).
@@ -12,7 +13,7 @@
 //! still counted), and it exits by itself after `--lifetime-ms`.
 //!
 //! Flags: `--listen 127.0.0.1:PORT`, `--max-records 2000000`,
-//! `--lifetime-ms 900000`, `--threads 1`.
+//! `--lifetime-ms 900000`, `--threads 1`, `--delay-ms 0`.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -40,6 +41,7 @@ pub fn main(args: &Args) -> Result<(), String> {
     let max = args.num("max-records", 2_000_000)? as usize;
     let lifetime = Duration::from_millis(args.num("lifetime-ms", 15 * 60 * 1000)?);
     let threads = args.num("threads", 1)?.max(1) as usize;
+    let delay = Duration::from_millis(args.num("delay-ms", 0)?);
     let log = Arc::new(Mutex::new(Log {
         arrivals: Vec::with_capacity(max.min(200_000)),
         distinct: HashSet::new(),
@@ -48,14 +50,18 @@ pub fn main(args: &Args) -> Result<(), String> {
         last_us: 0,
         max,
     }));
-    crate::runtime(threads)?.block_on(crate::serve_http(listen, lifetime, move |r| answer(r, log.clone())))
+    crate::runtime(threads)?.block_on(crate::serve_http(listen, lifetime, move |r| answer(r, log.clone(), delay)))
 }
 
 fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-async fn answer(request: Request<Incoming>, log: Arc<Mutex<Log>>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    request: Request<Incoming>,
+    log: Arc<Mutex<Log>>,
+    delay: Duration,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
     if parts.method == Method::POST {
         // The time the head arrived: the body is a few bytes behind it.
@@ -63,6 +69,9 @@ async fn answer(request: Request<Incoming>, log: Arc<Mutex<Log>>) -> Result<Resp
         let key: Box<str> =
             parts.headers.get("idempotency-key").map_or("".into(), |v| String::from_utf8_lossy(v.as_bytes()).into());
         let _ = body.collect().await;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
         log.received += 1;
         if log.first_us == 0 {

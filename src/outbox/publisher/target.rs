@@ -185,7 +185,7 @@ mod tests {
             destination: "email".into(),
             operation: "notify".into(),
             business_key: "order:1".into(),
-            payload: "{\"n\":1}".into(),
+            payload: String::from("{\"n\":1}").into(),
             headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             ordering_key: None,
         }
