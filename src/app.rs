@@ -85,7 +85,10 @@ pub async fn serve_on(
     let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
     let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
-    let admin = Arc::new(Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?));
+    let destinations = config.destinations.keys().cloned().collect();
+    let admin = Arc::new(
+        Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?).with_destinations(destinations),
+    );
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;

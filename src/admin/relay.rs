@@ -1,7 +1,8 @@
 //! The standalone relay's admin listener (`idemgate relay`, on
 //! `admin_listen` like the gateway's): `/healthz`, `/readyz` (the outbox
 //! database answers), `/metrics`, and the bearer-protected outbox routes
-//! (`/admin/outbox/…`: list dead rows, redrive). The gateway-only routes
+//! (`/admin/outbox/…`:
+//! list dead rows, redrive, list unroutable rows). The gateway-only routes
 //! (`/admin/keys/…`) answer `404` here. A relay and a gateway on one host
 //! need different `admin_listen` addresses (`--admin-listen`).
 
@@ -22,19 +23,20 @@ pub struct RelayAdmin {
     db: Database,
     metrics: Arc<Metrics>,
     access: AdminAccess,
+    destinations: Vec<String>,
 }
 
 impl RelayAdmin {
-    /// The admin surface of a relay.
-    pub fn new(db: Database, metrics: Arc<Metrics>, access: AdminAccess) -> Self {
-        Self { db, metrics, access }
+    /// The admin surface of a relay serving `destinations`.
+    pub fn new(db: Database, metrics: Arc<Metrics>, access: AdminAccess, destinations: Vec<String>) -> Self {
+        Self { db, metrics, access, destinations }
     }
 
     async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let path = request.uri().path().to_owned();
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let allow = match segments.as_slice() {
-            ["healthz"] | ["readyz"] | ["metrics"] | ["admin", "outbox", "dead"] => "GET",
+            ["healthz"] | ["readyz"] | ["metrics"] | ["admin", "outbox", "dead" | "unroutable"] => "GET",
             ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => "POST",
             ["admin", "outbox", "redrive"] => "POST",
             _ => return Problem::NotFound.to_response(),
@@ -52,13 +54,7 @@ impl RelayAdmin {
         }
         match segments.as_slice() {
             ["healthz"] => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
-            ["readyz"] if outbox::ping(&self.db).await => {
-                json(StatusCode::OK, serde_json::json!({ "status": "ready", "database": "ok" }))
-            }
-            ["readyz"] => json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({ "status": "not ready", "database": "unavailable" }),
-            ),
+            ["readyz"] => self.ready().await,
             ["metrics"] => {
                 let mut response = Response::new(full(self.metrics.render()));
                 let text = HeaderValue::from_static("text/plain; version=0.0.4");
@@ -68,7 +64,22 @@ impl RelayAdmin {
             ["admin", "outbox", "dead"] => outbox::list_dead(Some(&self.db), &request).await,
             ["admin", "outbox", "dead", id, "redrive"] => outbox::redrive(Some(&self.db), Some(id)).await,
             ["admin", "outbox", "redrive"] => outbox::redrive(Some(&self.db), None).await,
+            ["admin", "outbox", "unroutable"] => {
+                outbox::list_unroutable(Some(&self.db), &self.destinations, &request).await
+            }
             _ => Problem::NotFound.to_response(),
+        }
+    }
+
+    /// Ready: the database answers.
+    async fn ready(&self) -> Response<ResponseBody> {
+        if outbox::ping(&self.db).await {
+            json(StatusCode::OK, serde_json::json!({ "status": "ready", "database": "ok" }))
+        } else {
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "status": "not ready", "database": "unavailable" }),
+            )
         }
     }
 }

@@ -37,7 +37,8 @@
 //! Metrics (shared with the gateway under `serve --relay`): attempts by
 //! destination and outcome, publish latency, enqueue-to-delivery latency
 //! (database clock), lost leases, publishes in flight, and — from the
-//! census — rows per destination and state and the oldest waiting row's age.
+//! census — rows per destination and state (`unroutable` for rows of a
+//! destination this relay does not have) and the oldest waiting row's age.
 //!
 //! A claimed row whose attempt count is already past `max_attempts` (its
 //! earlier attempts ended in expired leases: a relay crashed, or the
@@ -171,6 +172,7 @@ struct Inner<P> {
     destinations: Vec<String>,
     settings: Settings,
     metrics: Arc<Metrics>,
+    census: housekeeping::CensusWatch,
 }
 
 /// A relay serving the destinations it has policies for. Cheap to clone.
@@ -188,7 +190,9 @@ impl<P: Publisher> Relay<P> {
     /// A relay that claims only rows of the destinations in `policies`.
     pub fn new(db: Database, publisher: P, policies: BTreeMap<String, RetryPolicy>, settings: Settings) -> Self {
         let destinations = policies.keys().cloned().collect();
-        let inner = Inner { db, publisher, policies, destinations, settings, metrics: Arc::new(Metrics::new()) };
+        let metrics = Arc::new(Metrics::new());
+        let census = housekeeping::CensusWatch::default();
+        let inner = Inner { db, publisher, policies, destinations, settings, metrics, census };
         Self { inner: Arc::new(inner) }
     }
 
@@ -215,7 +219,8 @@ impl<P: Publisher> Relay<P> {
         &self.inner.destinations
     }
 
-    /// Sets the backlog gauges from the database (see [`housekeeping`]).
+    /// Sets the backlog gauges (and the unroutable ones) from the
+    /// database, and warns about unroutable rows (see [`housekeeping`]).
     pub async fn refresh_gauges(&self) -> Result<(), OutboxError> {
         self.census().await
     }

@@ -32,12 +32,18 @@ pub async fn from_config(config: &Config) -> Result<(Relay<HttpPublisher>, Optio
 }
 
 /// `idemgate relay`: runs the configured relay until `shutdown` resolves,
-/// with its admin listener (probes, metrics, dead rows) on `admin_listen`.
+/// with its admin listener (probes, metrics, dead and unroutable rows) on
+/// `admin_listen`.
 pub async fn run_from_config(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let (relay, listen) = from_config(config).await?;
     let access = crate::admin::AdminAccess::from_config(&config.admin)?;
     let listener = crate::gateway::server::bind(config.admin_listen).await?;
-    let admin = crate::admin::relay::RelayAdmin::new(relay.database().clone(), relay.metrics().clone(), access);
+    let admin = crate::admin::relay::RelayAdmin::new(
+        relay.database().clone(),
+        relay.metrics().clone(),
+        access,
+        relay.destinations().to_vec(),
+    );
     // The admin listener outlives the relay's drain, so probes answer until the end.
     let admin_stop = CancellationToken::new();
     let admin_task =
