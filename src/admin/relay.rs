@@ -1,7 +1,7 @@
 //! The standalone relay's admin listener (`idemgate relay`, on
 //! `admin_listen` like the gateway's): `/healthz`, `/readyz` (the outbox
-//! database answers), `/metrics`, and the bearer-protected outbox routes
-//! (`/admin/outbox/…`:
+//! database answers and the relay has found its schema current),
+//! `/metrics`, and the bearer-protected outbox routes (`/admin/outbox/…`:
 //! list dead rows, redrive, list unroutable rows). The gateway-only routes
 //! (`/admin/keys/…`) answer `404` here. A relay and a gateway on one host
 //! need different `admin_listen` addresses (`--admin-listen`).
@@ -17,19 +17,27 @@ use crate::gateway::body::{ResponseBody, full};
 use crate::gateway::problem::Problem;
 use crate::metrics::Metrics;
 use crate::outbox::Database;
+use crate::outbox::relay::Readiness;
 
 /// What the relay's admin listener needs.
 pub struct RelayAdmin {
     db: Database,
     metrics: Arc<Metrics>,
     access: AdminAccess,
+    readiness: Arc<Readiness>,
     destinations: Vec<String>,
 }
 
 impl RelayAdmin {
     /// The admin surface of a relay serving `destinations`.
-    pub fn new(db: Database, metrics: Arc<Metrics>, access: AdminAccess, destinations: Vec<String>) -> Self {
-        Self { db, metrics, access, destinations }
+    pub fn new(
+        db: Database,
+        metrics: Arc<Metrics>,
+        access: AdminAccess,
+        readiness: Arc<Readiness>,
+        destinations: Vec<String>,
+    ) -> Self {
+        Self { db, metrics, access, readiness, destinations }
     }
 
     async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
@@ -71,16 +79,16 @@ impl RelayAdmin {
         }
     }
 
-    /// Ready: the database answers.
+    /// Ready: the database answers, and the relay has checked its schema
+    /// (it waits for a database that was down at start).
     async fn ready(&self) -> Response<ResponseBody> {
-        if outbox::ping(&self.db).await {
-            json(StatusCode::OK, serde_json::json!({ "status": "ready", "database": "ok" }))
-        } else {
-            json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({ "status": "not ready", "database": "unavailable" }),
-            )
-        }
+        let database = if outbox::ping(&self.db).await { "ok" } else { "unavailable" };
+        let relay = if self.readiness.is_ready() { "running" } else { "starting" };
+        let (status, state) = match (database, relay) {
+            ("ok", "running") => (StatusCode::OK, "ready"),
+            _ => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+        };
+        json(status, serde_json::json!({ "status": state, "database": database, "relay": relay }))
     }
 }
 

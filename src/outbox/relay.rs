@@ -23,7 +23,9 @@
 //!   (each publish is bounded by its destination's timeout; the whole drain
 //!   by one `lease`, as a database that stops answering bounds nothing).
 //!
-//! [`start`] builds a relay from the config, checking the schema first.
+//! [`start`] builds a relay from the config without touching the
+//! database, and waits for the database (and checks its schema) in the
+//! background, so `relay` and `serve --relay` start while it is down.
 //!
 //! A settlement (complete, retry, bury) that fails on a database error is
 //! tried twice more within about half a second; after that the row waits
@@ -62,7 +64,7 @@ use super::{Database, OutboxError};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 
-pub use start::{from_config, run_from_config};
+pub use start::{Readiness, build, run_from_config};
 
 /// The longest a delivered row waits for others of its step before the
 /// deliveries are recorded together (in [`Relay::try_execute_batch`]; a
@@ -172,6 +174,7 @@ struct Inner<P> {
     destinations: Vec<String>,
     settings: Settings,
     metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
     census: housekeeping::CensusWatch,
 }
 
@@ -190,9 +193,16 @@ impl<P: Publisher> Relay<P> {
     /// A relay that claims only rows of the destinations in `policies`.
     pub fn new(db: Database, publisher: P, policies: BTreeMap<String, RetryPolicy>, settings: Settings) -> Self {
         let destinations = policies.keys().cloned().collect();
-        let metrics = Arc::new(Metrics::new());
-        let census = housekeeping::CensusWatch::default();
-        let inner = Inner { db, publisher, policies, destinations, settings, metrics, census };
+        let inner = Inner {
+            db,
+            publisher,
+            policies,
+            destinations,
+            settings,
+            metrics: Arc::new(Metrics::new()),
+            readiness: Arc::default(),
+            census: housekeeping::CensusWatch::default(),
+        };
         Self { inner: Arc::new(inner) }
     }
 
@@ -217,6 +227,11 @@ impl<P: Publisher> Relay<P> {
     /// The destinations it serves.
     pub fn destinations(&self) -> &[String] {
         &self.inner.destinations
+    }
+
+    /// Whether it has reached its database and found the schema current.
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.inner.readiness
     }
 
     /// Sets the backlog gauges (and the unroutable ones) from the
