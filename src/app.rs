@@ -28,28 +28,52 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
 }
 
 /// `serve --relay`: the gateway and the outbox relay in one process. One
-/// signal stops both: the gateway drains, the relay finishes its batch.
+/// signal stops both: the gateway drains, the relay finishes what it holds.
+///
+/// The gateway never waits for the outbox database: the relay is built
+/// without connecting and waits for its database in the background (see
+/// `outbox::relay::start`), so a database that is down at start delays
+/// only the relaying. A wrong schema (a deployment error) stops both.
 pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let gateway = build(config).await?;
-    let (relay, listen) = crate::outbox::relay::from_config(config).await?;
+    let (relay, listen) = crate::outbox::relay::build(config)?;
     // One /metrics for both halves.
     let relay = relay.with_metrics(gateway.metrics().clone());
     let listeners =
         Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
     let stop = tokio_util::sync::CancellationToken::new();
-    let relay_task = tokio::spawn(relay.run(listen, stop.clone()));
+    let mut relay_task = tokio::spawn(relay.start(listen, stop.clone()));
     let gateway = serve_on(listeners, gateway, config, stop.clone().cancelled_owned());
     tokio::pin!(gateway);
+    tokio::pin!(shutdown);
+    let mut relay_failed = None;
     let served = tokio::select! {
         served = &mut gateway => served,
-        _ = shutdown => {
+        () = &mut shutdown => {
+            stop.cancel();
+            gateway.await
+        }
+        finished = &mut relay_task => {
+            let why = match finished {
+                Ok(Ok(())) => "the outbox relay stopped".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(error = %why, "outbox relay failed; stopping the gateway");
+            relay_failed = Some(why);
             stop.cancel();
             gateway.await
         }
     };
     stop.cancel();
-    relay_task.await.map_err(|e| e.to_string())?;
-    served
+    if let Some(why) = relay_failed {
+        return Err(why);
+    }
+    match relay_task.await {
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+        Ok(Ok(())) => served,
+    }
 }
 
 /// Opens the store and builds the gateway (no listener yet).
@@ -85,7 +109,10 @@ pub async fn serve_on(
     let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
     let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
-    let admin = Arc::new(Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?));
+    let destinations = config.destinations.keys().cloned().collect();
+    let admin = Arc::new(
+        Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?).with_destinations(destinations),
+    );
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;

@@ -6,7 +6,7 @@
 //! path or status text). One [`Metrics`] per process, shared by reference.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets in seconds: 100 µs to 10 s.
@@ -30,8 +30,11 @@ pub struct Metrics {
     pub fence_rejections: IntCounterVec,
     /// `idemgate_settle_abandoned_total`.
     pub settle_abandoned: IntCounter,
-    /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead).
+    /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead;
+    /// unroutable for a destination the relay does not have, at most 16 of those).
     pub outbox_rows: IntGaugeVec,
+    /// `idemgate_outbox_unroutable_destinations`.
+    pub outbox_unroutable_destinations: IntGauge,
     /// `idemgate_outbox_in_flight{destination}`.
     pub outbox_in_flight: IntGaugeVec,
     /// `idemgate_outbox_oldest_ready_age_seconds{destination}`.
@@ -63,6 +66,11 @@ impl Metrics {
         };
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
             let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+            registry.register(Box::new(metric.clone())).expect("unique metric name");
+            metric
+        };
+        let gauge = |name: &str, help: &str| {
+            let metric = IntGauge::new(name, help).expect("static metric definition");
             registry.register(Box::new(metric.clone())).expect("unique metric name");
             metric
         };
@@ -103,8 +111,12 @@ impl Metrics {
             ),
             outbox_rows: gauge_vec(
                 "idemgate_outbox_rows",
-                "Outbox rows by destination and state.",
+                "Outbox rows by destination and state (unroutable: no relay here has the destination).",
                 &["destination", "state"],
+            ),
+            outbox_unroutable_destinations: gauge(
+                "idemgate_outbox_unroutable_destinations",
+                "Destinations with rows waiting that this relay does not have.",
             ),
             outbox_in_flight: gauge_vec(
                 "idemgate_outbox_in_flight",

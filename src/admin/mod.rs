@@ -10,6 +10,7 @@
 //! | GET | `/admin/outbox/dead?limit=N` | bearer | dead outbox rows, oldest first |
 //! | POST | `/admin/outbox/dead/{id}/redrive` | bearer | send one dead row again |
 //! | POST | `/admin/outbox/redrive` | bearer | send every dead row again |
+//! | GET | `/admin/outbox/unroutable?limit=N` | bearer | rows waiting for a destination the config does not have, per destination |
 //!
 //! It listens on its own address (default loopback) so it can be firewalled
 //! apart from client traffic. `tenant` is the value the configured tenant
@@ -53,6 +54,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/admin/outbox/dead"),
     ("POST", "/admin/outbox/dead/{id}/redrive"),
     ("POST", "/admin/outbox/redrive"),
+    ("GET", "/admin/outbox/unroutable"),
 ];
 
 /// What the admin handlers need.
@@ -60,17 +62,24 @@ pub struct Admin<S> {
     gateway: Arc<Gateway<S>>,
     access: AdminAccess,
     outbox: Option<crate::outbox::Database>,
+    destinations: Vec<String>,
 }
 
 impl<S: Store> Admin<S> {
     /// The admin surface of a gateway.
     pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
-        Self { gateway, access, outbox: None }
+        Self { gateway, access, outbox: None, destinations: Vec::new() }
     }
 
     /// Serves the outbox routes (and checks the database for readiness).
     pub fn with_outbox(mut self, outbox: Option<crate::outbox::Database>) -> Self {
         self.outbox = outbox;
+        self
+    }
+
+    /// The configured outbox destinations: rows for any other are listed as unroutable.
+    pub fn with_destinations(mut self, destinations: Vec<String>) -> Self {
+        self.destinations = destinations;
         self
     }
 
@@ -86,6 +95,7 @@ impl<S: Store> Admin<S> {
             ["admin", "outbox", "dead"] => ("/admin/outbox/dead", "GET"),
             ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => ("/admin/outbox/dead/{id}/redrive", "POST"),
             ["admin", "outbox", "redrive"] => ("/admin/outbox/redrive", "POST"),
+            ["admin", "outbox", "unroutable"] => ("/admin/outbox/unroutable", "GET"),
             _ => return Problem::NotFound.to_response(),
         };
         if !ROUTES.iter().any(|(method, path)| *path == template && request.method().as_str() == *method) {
@@ -114,6 +124,9 @@ impl<S: Store> Admin<S> {
                 outbox::redrive(self.outbox.as_ref(), segments.get(3).copied()).await
             }
             ("/admin/outbox/redrive", _) => outbox::redrive(self.outbox.as_ref(), None).await,
+            ("/admin/outbox/unroutable", _) => {
+                outbox::list_unroutable(self.outbox.as_ref(), &self.destinations, &request).await
+            }
             (_, key) => self.key(&request, key, request.method() == Method::DELETE).await,
         }
     }

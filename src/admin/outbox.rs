@@ -1,8 +1,10 @@
-//! Admin routes for the outbox: list dead rows, redrive one or all.
+//! Admin routes for the outbox: list dead rows, redrive one or all, list
+//! unroutable rows (waiting for a destination the config does not have).
 //!
 //! They work when the config names the relay's database
 //! (`relay.database_url`), whether or not this process runs the relay; a
-//! gateway without one answers `404`. Rows are addressed by their outbox
+//! gateway without one answers `404`, and the unroutable listing also
+//! needs the config's `[destinations]` (it is relative to them). Rows are addressed by their outbox
 //! `id`. The payload and message headers are never returned: they may hold
 //! a customer's data. Every database call is bounded by [`DB_TIMEOUT`].
 
@@ -14,7 +16,7 @@ use hyper::body::Incoming;
 use super::{json, query};
 use crate::gateway::body::ResponseBody;
 use crate::gateway::problem::Problem;
-use crate::outbox::{Database, OutboxError, claim};
+use crate::outbox::{Database, OutboxError, census, claim};
 
 /// Limit on one admin database call.
 const DB_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,17 +35,23 @@ async fn bounded<T>(work: impl Future<Output = Result<T, OutboxError>>) -> Resul
     }
 }
 
+/// The `limit` parameter: absent, or 1 to [`MAX_LIMIT`].
+fn limit(request: &Request<Incoming>) -> Result<i64, Problem> {
+    match query::param(request.uri().query(), "limit") {
+        Ok(None) => Ok(DEFAULT_LIMIT),
+        Ok(Some(text)) => match text.parse::<i64>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(Problem::BadAdminRequest(format!("limit must be a number from 1 to {MAX_LIMIT}"))),
+        },
+        Err(why) => Err(Problem::BadAdminRequest(why)),
+    }
+}
+
 /// `GET /admin/outbox/dead?limit=N`.
 pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>) -> Response<ResponseBody> {
-    let limit = match query::param(request.uri().query(), "limit") {
-        Ok(None) => DEFAULT_LIMIT,
-        Ok(Some(text)) => match text.parse::<i64>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                return Problem::BadAdminRequest(format!("limit must be a number from 1 to {MAX_LIMIT}")).to_response();
-            }
-        },
-        Err(why) => return Problem::BadAdminRequest(why).to_response(),
+    let limit = match limit(request) {
+        Ok(limit) => limit,
+        Err(problem) => return problem.to_response(),
     };
     let Some(db) = db else { return Problem::NotFound.to_response() };
     let rows = match bounded(claim::list_dead(db, limit)).await {
@@ -66,6 +74,37 @@ pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>
         })
         .collect();
     json(StatusCode::OK, serde_json::json!({ "rows": rows }))
+}
+
+/// `GET /admin/outbox/unroutable?limit=N`: per destination the config
+/// does not have, its waiting rows and the oldest one's age, oldest first;
+/// `total` counts the destinations listed or not.
+pub(super) async fn list_unroutable(
+    db: Option<&Database>,
+    configured: &[String],
+    request: &Request<Incoming>,
+) -> Response<ResponseBody> {
+    let limit = match limit(request) {
+        Ok(limit) => usize::try_from(limit).unwrap_or(0),
+        Err(problem) => return problem.to_response(),
+    };
+    let Some(db) = db.filter(|_| !configured.is_empty()) else { return Problem::NotFound.to_response() };
+    let census = match bounded(census::census(db, configured, limit)).await {
+        Ok(census) => census,
+        Err(problem) => return problem.to_response(),
+    };
+    let destinations: Vec<serde_json::Value> = census
+        .unroutable
+        .iter()
+        .map(|b| {
+            serde_json::json!({
+                "destination": b.destination,
+                "rows": b.ready,
+                "oldest_age_seconds": b.oldest_ready_age.as_secs(),
+            })
+        })
+        .collect();
+    json(StatusCode::OK, serde_json::json!({ "destinations": destinations, "total": census.unroutable_destinations }))
 }
 
 /// `POST /admin/outbox/dead/{id}/redrive` (`id = Some`) or `POST /admin/outbox/redrive`.

@@ -22,7 +22,8 @@
 //!   completion and failure are fenced on `attempts`.
 //! - [`retry`] — pure: outcome classes, backoff with full jitter, `Retry-After`.
 //! - [`publisher`] — the [`publisher::Publisher`] trait and the HTTP one.
-//! - [`census`] — the backlog per destination, for the gauges.
+//! - [`census`] — the backlog per destination, and rows of destinations the
+//!   relay does not have (*unroutable*): for gauges, logs and the admin API.
 //! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
 //!   for tests, and the service ([`relay::Relay::run`]): a lane per
 //!   destination, each with its own bounded concurrency and byte budget, and

@@ -23,7 +23,9 @@
 //!   (each publish is bounded by its destination's timeout; the whole drain
 //!   by one `lease`, as a database that stops answering bounds nothing).
 //!
-//! [`start`] builds a relay from the config, checking the schema first.
+//! [`start`] builds a relay from the config without touching the
+//! database, and waits for the database (and checks its schema) in the
+//! background, so `relay` and `serve --relay` start while it is down.
 //!
 //! A settlement (complete, retry, bury) that fails on a database error is
 //! tried twice more within about half a second; after that the row waits
@@ -37,7 +39,8 @@
 //! Metrics (shared with the gateway under `serve --relay`): attempts by
 //! destination and outcome, publish latency, enqueue-to-delivery latency
 //! (database clock), lost leases, publishes in flight, and — from the
-//! census — rows per destination and state and the oldest waiting row's age.
+//! census — rows per destination and state (`unroutable` for rows of a
+//! destination this relay does not have) and the oldest waiting row's age.
 //!
 //! A claimed row whose attempt count is already past `max_attempts` (its
 //! earlier attempts ended in expired leases: a relay crashed, or the
@@ -61,7 +64,7 @@ use super::{Database, OutboxError};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 
-pub use start::{from_config, run_from_config};
+pub use start::{Readiness, build, run_from_config};
 
 /// The longest a delivered row waits for others of its step before the
 /// deliveries are recorded together (in [`Relay::try_execute_batch`]; a
@@ -171,6 +174,8 @@ struct Inner<P> {
     destinations: Vec<String>,
     settings: Settings,
     metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    census: housekeeping::CensusWatch,
 }
 
 /// A relay serving the destinations it has policies for. Cheap to clone.
@@ -188,7 +193,16 @@ impl<P: Publisher> Relay<P> {
     /// A relay that claims only rows of the destinations in `policies`.
     pub fn new(db: Database, publisher: P, policies: BTreeMap<String, RetryPolicy>, settings: Settings) -> Self {
         let destinations = policies.keys().cloned().collect();
-        let inner = Inner { db, publisher, policies, destinations, settings, metrics: Arc::new(Metrics::new()) };
+        let inner = Inner {
+            db,
+            publisher,
+            policies,
+            destinations,
+            settings,
+            metrics: Arc::new(Metrics::new()),
+            readiness: Arc::default(),
+            census: housekeeping::CensusWatch::default(),
+        };
         Self { inner: Arc::new(inner) }
     }
 
@@ -215,7 +229,13 @@ impl<P: Publisher> Relay<P> {
         &self.inner.destinations
     }
 
-    /// Sets the backlog gauges from the database (see [`housekeeping`]).
+    /// Whether it has reached its database and found the schema current.
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.inner.readiness
+    }
+
+    /// Sets the backlog gauges (and the unroutable ones) from the
+    /// database, and warns about unroutable rows (see [`housekeeping`]).
     pub async fn refresh_gauges(&self) -> Result<(), OutboxError> {
         self.census().await
     }
