@@ -5,7 +5,7 @@
 //! every request whose payload says `"hold": true` until the test opens
 //! it, so "while the slow destination is still busy" is a fact the test
 //! controls, not a race against a timer. Nothing asserts how fast anything
-//! went (the ratio of latencies is measured by `load-tests/run`, P11).
+//! went (the ratio of latencies is measured by `load-tests/run`, R1).
 
 mod support;
 
@@ -282,4 +282,27 @@ async fn a_claim_stops_at_its_byte_limit_and_takes_a_row_larger_than_any_limit_a
     assert!(small.iter().all(|row| row.payload.len() < 1100));
     let rows = claim::claim_within(&db, &destinations, Limits::rows(10), LEASE).await.unwrap();
     assert_eq!(rows.len(), 1, "the last one");
+}
+
+/// A relay serving no destination still does its housekeeping, until it is
+/// stopped: an expired lease (of a relay that crashed mid-publish) comes
+/// back while it runs, and `run` returns only once `stop` is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_without_destinations_keeps_its_housekeeping_until_stopped() {
+    let fx = support::outbox::Fixture::start().await;
+    fx.enqueue("orphaned", json!({}), None).await;
+    assert_eq!(fx.claim(Duration::from_millis(200)).await.len(), 1, "a crashed relay's claim");
+    let none = HttpPublisher::new(&BTreeMap::new()).unwrap();
+    let relay = Relay::new(fx.schema.database(2), none, BTreeMap::new(), settings(LEASE));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(relay.run(None, stop.clone()));
+    let deadline = Instant::now() + PATIENCE;
+    while fx.count("state = 'ready'").await == 0 {
+        assert!(Instant::now() < deadline, "the reaper never returned the expired lease");
+        assert!(!running.is_finished(), "the relay stopped on its own");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!running.is_finished(), "the relay stopped on its own");
+    stop.cancel();
+    tokio::time::timeout(PATIENCE, running).await.expect("stopped once asked").unwrap();
 }

@@ -1,5 +1,5 @@
-//! A delivery sink for the outbox scenarios (P7, P8, P11): answers every
-//! `POST` with `200 ok` — at once, or after `--delay-ms` (P11's slow
+//! A delivery sink for the outbox scenarios (P7, P8, R1): answers every
+//! `POST` with `200 ok` — at once, or after `--delay-ms` (R1's slow
 //! destination) — and records its `Idempotency-Key` and the time it
 //! arrived (wall clock, microseconds since the Unix epoch, so the harness
 //! can set it against commit times taken by another process on this

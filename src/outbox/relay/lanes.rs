@@ -6,10 +6,12 @@
 //! - `max_in_flight` **slots**: a publish to the destination holds one
 //!   while it runs (a claimed row waits for a free slot with its lease
 //!   renewed, as during the publish itself);
-//! - `max(batch_size, max_in_flight)` **places** for rows claimed and not
-//!   yet settled (waiting for a slot, publishing, or waiting for the
-//!   recorder). That is also the most rows of a destination that a relay
-//!   which crashes leaves to their leases (and so publishes twice);
+//! - `max_in_flight + batch_size` **places** for rows claimed and not yet
+//!   settled (waiting for a slot, publishing, or waiting for the recorder):
+//!   a full set of publishes plus one claim's worth waiting for slots, so
+//!   the slots never run dry while finished rows wait to be recorded. That
+//!   is also the most rows of a destination that a relay which crashes
+//!   leaves to their leases (and so publishes twice);
 //! - an equal share of `max_in_flight_bytes`: payload bytes held from the
 //!   claim until the publish is over and the payload dropped.
 //!
@@ -69,7 +71,7 @@ struct Lane {
     destination: [String; 1],
     /// One permit per publish running: `max_in_flight`.
     slots: Semaphore,
-    /// One permit per row claimed and not yet settled: `max(batch_size, max_in_flight)`.
+    /// One permit per row claimed and not yet settled: `max_in_flight + batch_size`.
     unsettled: Arc<Semaphore>,
     places: usize,
     /// Payload bytes claimed and not yet published: its share of `max_in_flight_bytes`.
@@ -131,7 +133,7 @@ fn byte_share(total: u64, lanes: usize) -> usize {
 impl Lane {
     fn new(destination: &str, settings: &Settings, byte_share: usize) -> Self {
         let max_in_flight = settings.max_in_flight.max(1) as usize;
-        let places = max_in_flight.max(settings.batch_size as usize);
+        let places = max_in_flight.saturating_add(settings.batch_size.max(1) as usize);
         Self {
             destination: [destination.to_owned()],
             slots: Semaphore::new(max_in_flight),
@@ -210,7 +212,15 @@ impl<P: Publisher> Relay<P> {
         for lane in lanes {
             running.spawn(self.clone().drive(lane, stop.clone()));
         }
-        let all = async { while running.join_next().await.is_some() {} };
+        // A relay with no destinations (only housekeeping: the reaper, the
+        // gauges, retention) runs until it is stopped, like any other.
+        let idle_until_stopped = running.is_empty();
+        let all = async {
+            while running.join_next().await.is_some() {}
+            if idle_until_stopped {
+                stop.cancelled().await;
+            }
+        };
         tokio::pin!(all);
         tokio::select! {
             () = &mut all => {}
@@ -414,6 +424,14 @@ mod tests {
             wake(payload);
             assert_eq!((woken(&email).await, woken(&sms).await), (true, true), "{payload:?}");
         }
+    }
+
+    #[test]
+    fn a_lane_holds_a_full_set_of_publishes_plus_one_claim_waiting_for_slots() {
+        let lane = Lane::new("email", &settings(), 1 << 20);
+        assert_eq!((lane.places, lane.slots.available_permits()), (64 + 128, 64));
+        let tiny = Settings { batch_size: 0, max_in_flight: 0, ..settings() };
+        assert_eq!(Lane::new("email", &tiny, 1).places, 2, "never a lane that cannot claim");
     }
 
     #[test]
