@@ -7,7 +7,8 @@ use tokio::net::TcpListener;
 use crate::admin::{Admin, AdminAccess};
 use crate::config::{Config, LogFormat};
 use crate::gateway::Gateway;
-use crate::gateway::server::{self, ServerLimits};
+use crate::gateway::server;
+use crate::http::listener::{ServerLimits, bind};
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
 
@@ -22,8 +23,7 @@ pub struct Listeners {
 /// Opens the store, binds both listeners and serves until `shutdown` resolves.
 pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let gateway = build(config).await?;
-    let listeners =
-        Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
+    let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
     serve_on(listeners, gateway, config, shutdown).await
 }
 
@@ -39,8 +39,7 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
     let (relay, listen) = crate::outbox::relay::build(config)?;
     // One /metrics for both halves.
     let relay = relay.with_metrics(gateway.metrics().clone());
-    let listeners =
-        Listeners { gateway: server::bind(config.listen).await?, admin: server::bind(config.admin_listen).await? };
+    let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
     let stop = tokio_util::sync::CancellationToken::new();
     let mut relay_task = tokio::spawn(relay.start(listen, stop.clone()));
     let gateway = serve_on(listeners, gateway, config, stop.clone().cancelled_owned());
@@ -103,7 +102,7 @@ pub async fn serve_on(
         tracing::warn!("admin API disabled: no admin token configured (IDEMGATE__ADMIN__TOKEN or admin.token_file)");
     }
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
-        (Some(cert), Some(key)) => Some(crate::gateway::tls::acceptor(cert, key)?),
+        (Some(cert), Some(key)) => Some(crate::http::tls::acceptor(cert, key)?),
         _ => None,
     };
     let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
@@ -126,10 +125,10 @@ pub async fn serve_on(
 /// The outbox database the admin API lists dead rows from, when the config
 /// names one. Connections open lazily: a database that is down at start
 /// shows in `/readyz`, it does not stop the gateway.
-fn outbox_database(config: &Config) -> Result<Option<crate::outbox::Database>, String> {
+fn outbox_database(config: &Config) -> Result<Option<crate::postgres::Database>, String> {
     let Some(url) = &config.relay.database_url else { return Ok(None) };
-    let schema = crate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    crate::outbox::Database::connect(url.expose(), 2, schema).map(Some).map_err(|e| e.to_string())
+    let schema = crate::postgres::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+    crate::postgres::Database::connect(url.expose(), 2, schema).map(Some).map_err(|e| e.to_string())
 }
 
 /// The listener limits a config sets.

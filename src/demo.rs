@@ -11,46 +11,43 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+
+use crate::http::body::{ResponseBody, full};
+use crate::http::listener::serve_internal;
 
 /// Starts the toy payments API on a free loopback port and returns its address.
 pub async fn start_toy_payments() -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let address = listener.local_addr()?;
     let charges = Arc::new(AtomicU64::new(0));
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let charges = charges.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| charge(request, charges.clone()));
-                let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-            });
-        }
-    });
+    let handle = move |request| charge(request, charges.clone());
+    tokio::spawn(serve_internal(listener, "toy payments", handle, std::future::pending()));
     Ok(address)
 }
 
-async fn charge(request: Request<Incoming>, charges: Arc<AtomicU64>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn charge(request: Request<Incoming>, charges: Arc<AtomicU64>) -> Response<ResponseBody> {
     let is_charge = request.method() == http::Method::POST && request.uri().path() == "/v1/charges";
-    let body = request.into_body().collect().await?.to_bytes();
+    let Ok(body) = request.into_body().collect().await.map(|collected| collected.to_bytes()) else {
+        let mut response = Response::new(full(Bytes::from_static(b"{\"error\":\"the request body broke off\"}\n")));
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+        return response;
+    };
     if !is_charge {
-        let mut response = Response::new(Full::new(Bytes::from_static(b"{\"error\":\"try POST /v1/charges\"}\n")));
+        let mut response = Response::new(full(Bytes::from_static(b"{\"error\":\"try POST /v1/charges\"}\n")));
         *response.status_mut() = StatusCode::NOT_FOUND;
-        return Ok(response);
+        return response;
     }
     let amount = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v.get("amount").cloned());
     let performed = charges.fetch_add(1, Ordering::SeqCst) + 1;
     let answer =
         serde_json::json!({ "id": format!("ch_{performed}"), "amount": amount, "charges_performed": performed });
-    let mut response = Response::new(Full::new(Bytes::from(format!("{answer}\n"))));
+    let mut response = Response::new(full(Bytes::from(format!("{answer}\n"))));
     *response.status_mut() = StatusCode::CREATED;
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    Ok(response)
+    response
 }
 
 /// The commands printed for the newcomer.

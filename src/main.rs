@@ -184,20 +184,21 @@ fn run(command: Command) -> Result<(), String> {
             let url = config.relay.database_url.ok_or("migrate needs --database-url or relay.database_url")?;
             runtime.block_on(async {
                 // A bad sslmode or sslrootcert is named as such, not as a failed connection.
-                let endpoint = idemgate::outbox::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
-                let mut client = idemgate::outbox::migrate::connect_to(&endpoint)
+                let endpoint = idemgate::postgres::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
+                let mut client = idemgate::postgres::migrate::connect_to(&endpoint)
                     .await
                     .map_err(|e| format!("cannot connect to {}: {e}", url.redacted()))?;
-                let schema = idemgate::outbox::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-                let applied = idemgate::outbox::migrate::run(&mut client, &schema).await.map_err(|e| e.to_string())?;
-                let latest = idemgate::outbox::migrate::latest_version();
+                let schema = idemgate::postgres::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+                let applied =
+                    idemgate::postgres::migrate::run(&mut client, &schema).await.map_err(|e| e.to_string())?;
+                let latest = idemgate::postgres::migrate::latest_version();
                 if applied.is_empty() {
                     println!("schema {} is up to date (migration {latest})", schema.name());
                 } else {
                     println!("schema {} migrated to {latest} (applied {applied:?})", schema.name());
                 }
                 let max_payload = config.relay.max_payload;
-                idemgate::outbox::migrate::configure(&client, &schema, max_payload.0)
+                idemgate::postgres::migrate::configure(&client, &schema, max_payload.0)
                     .await
                     .map_err(|e| e.to_string())?;
                 println!("enqueue accepts payloads up to {max_payload} (relay.max_payload)");
@@ -222,7 +223,7 @@ fn run(command: Command) -> Result<(), String> {
 fn check_outbox(config: &Config) -> Result<Vec<String>, String> {
     let mut warnings = Vec::new();
     match &config.relay.database_url {
-        Some(url) => drop(idemgate::outbox::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?),
+        Some(url) => drop(idemgate::postgres::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?),
         None if !config.destinations.is_empty() => warnings.push(
             "destinations are configured but relay.database_url is not: relay and serve --relay need it (or --database-url)"
                 .to_string(),

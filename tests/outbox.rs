@@ -23,15 +23,15 @@ const PAST_SHORT_LEASE: Duration = Duration::from_millis(350);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_twice_change_nothing() {
     let fx = Fixture::start().await;
-    let mut client = idemgate::outbox::migrate::connect(&fx.schema.url).await.unwrap();
-    let applied = idemgate::outbox::migrate::run(&mut client, &fx.schema.schema).await.unwrap();
+    let mut client = idemgate::postgres::migrate::connect(&fx.schema.url).await.unwrap();
+    let applied = idemgate::postgres::migrate::run(&mut client, &fx.schema.schema).await.unwrap();
     assert!(applied.is_empty(), "second run applied {applied:?}");
-    let version = idemgate::outbox::migrate::current_version(&client, &fx.schema.schema).await.unwrap();
-    assert_eq!(version, idemgate::outbox::migrate::latest_version());
+    let version = idemgate::postgres::migrate::current_version(&client, &fx.schema.schema).await.unwrap();
+    assert_eq!(version, idemgate::postgres::migrate::latest_version());
     // A recorded migration whose SQL changed is refused, not re-run.
     let tamper = fx.schema.sql("UPDATE idemgate.schema_migrations SET checksum = 'x' WHERE version = 1");
     client.execute(&tamper, &[]).await.unwrap();
-    let refused = idemgate::outbox::migrate::run(&mut client, &fx.schema.schema).await;
+    let refused = idemgate::postgres::migrate::run(&mut client, &fx.schema.schema).await;
     assert!(refused.is_err_and(|e| e.to_string().contains("changed")));
 }
 
@@ -155,11 +155,11 @@ async fn a_batch_completion_records_only_the_claims_it_still_holds() {
 }
 
 /// The claim must walk the ready index in order even when the planner's
-/// statistics are stale (see `Database::connect_relay`).
+/// statistics are stale (see `outbox::connect_relay`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
     let fx = Fixture::start().await;
-    let db = idemgate::outbox::Database::connect_relay(&fx.schema.url, 2, fx.schema.schema.clone()).unwrap();
+    let db = idemgate::outbox::connect_relay(&fx.schema.url, 2, fx.schema.schema.clone()).unwrap();
     let client = db.pool.get().await.unwrap();
     let setting: String = client.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
     assert_eq!(setting, "off");
@@ -410,7 +410,7 @@ async fn four_relays_deliver_2000_rows_with_duplicates_only_from_a_crash_keeping
     let delivering = std::time::Instant::now();
     let stop = CancellationToken::new();
     let start_relay = || {
-        let listen = idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap();
+        let listen = idemgate::postgres::Endpoint::parse(&fx.schema.url).unwrap();
         tokio::spawn(fx.relay(CRASH_LEASE).run(Some(listen), stop.clone()))
     };
     let mut relays: Vec<_> = (0..4).map(|_| start_relay()).collect();
@@ -472,7 +472,7 @@ async fn a_notification_wakes_a_relay_long_before_its_next_poll() {
     let relay = idemgate::outbox::relay::Relay::new(fx.schema.database(4), fx.publisher(), fx.policies(), settings);
     let stop = CancellationToken::new();
     let running =
-        tokio::spawn(relay.run(Some(idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap()), stop.clone()));
+        tokio::spawn(relay.run(Some(idemgate::postgres::Endpoint::parse(&fx.schema.url).unwrap()), stop.clone()));
     for n in 0..3 {
         fx.enqueue(&format!("wake:{n}"), json!({}), None).await;
         assert!(fx.sink.wait_for(n + 1, Duration::from_secs(30)).await, "no wake-up for row {n}");
@@ -489,7 +489,7 @@ async fn a_dropped_listen_connection_reconnects_and_wakes_the_relay_again() {
     settings.reap_interval = Duration::from_secs(600);
     let relay = idemgate::outbox::relay::Relay::new(fx.schema.database(4), fx.publisher(), fx.policies(), settings);
     let application = format!("listen-{}", fx.schema.name());
-    let mut listen = idemgate::outbox::Endpoint::parse(&fx.schema.url).unwrap();
+    let mut listen = idemgate::postgres::Endpoint::parse(&fx.schema.url).unwrap();
     listen.config.application_name(&application);
     let stop = CancellationToken::new();
     let running = tokio::spawn(relay.run(Some(listen), stop.clone()));

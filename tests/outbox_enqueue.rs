@@ -134,7 +134,7 @@ async fn sql_and_rust_refuse_the_same_messages_with_the_same_words() {
 async fn a_payload_over_max_payload_is_refused_by_the_database_and_one_at_the_cap_is_not() {
     let fx = Fixture::start().await;
     let admin = fx.schema.connect().await;
-    let settings = idemgate::outbox::migrate::configure(&admin, &fx.schema.schema, 64).await.unwrap();
+    let settings = idemgate::postgres::migrate::configure(&admin, &fx.schema.schema, 64).await.unwrap();
     assert_eq!((settings.outbox.as_str(), settings.max_payload), (fx.schema.name(), 64));
     // The cap counts the JSON text the relay sends: PostgreSQL's rendering.
     let at_cap = json!({"note": "x".repeat(52)});

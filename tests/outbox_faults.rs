@@ -28,7 +28,7 @@ use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::outbox::claim;
 use idemgate::outbox::publisher::HttpPublisher;
 use idemgate::outbox::relay::Relay;
-use idemgate::outbox::{Schema, migrate};
+use idemgate::postgres::{Schema, migrate};
 use rand::prelude::*;
 use serde_json::json;
 use support::outbox::{DESTINATION, Fixture, settings};
@@ -71,7 +71,7 @@ fn spawn_relays(relays: Vec<Relay<HttpPublisher>>, url: &str, stop: &Cancellatio
     relays
         .into_iter()
         .map(|relay| {
-            let listen = idemgate::outbox::Endpoint::parse(url).unwrap();
+            let listen = idemgate::postgres::Endpoint::parse(url).unwrap();
             tokio::spawn(relay.run(Some(listen), stop.clone()))
         })
         .collect()
@@ -397,7 +397,8 @@ async fn a_relay_whose_listen_server_never_answers_still_delivers_and_stops() {
     let fx = Fixture::start().await;
     // The kernel completes connections to it; nothing ever reads or answers.
     let silent = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let listen = idemgate::outbox::Endpoint::parse(&format!("postgres://postgres@{}/x", silent.local_addr().unwrap()));
+    let listen =
+        idemgate::postgres::Endpoint::parse(&format!("postgres://postgres@{}/x", silent.local_addr().unwrap()));
     let stop = CancellationToken::new();
     let running = tokio::spawn(fx.relay(LEASE).run(Some(listen.unwrap()), stop.clone()));
     let key = fx.enqueue("polled", json!({}), None).await;

@@ -172,8 +172,8 @@ async fn wait_until_empty(schema: &TestSchema) {
     }
 }
 
-fn listen(schema: &TestSchema) -> Option<idemgate::outbox::Endpoint> {
-    Some(idemgate::outbox::Endpoint::parse(&schema.url).unwrap())
+fn listen(schema: &TestSchema) -> Option<idemgate::postgres::Endpoint> {
+    Some(idemgate::postgres::Endpoint::parse(&schema.url).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idemgate::outbox::{Schema, migrate};
+use idemgate::postgres::{Schema, migrate};
 use support::postgres_server::{PostgresProcess, Stop};
 use support::redis_server::{TempDir, free_port};
 use support::relay_process::RelayProcess;

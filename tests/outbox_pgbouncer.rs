@@ -18,7 +18,7 @@ use std::time::Duration;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
 use idemgate::outbox::relay::Relay;
 use idemgate::outbox::roles::{Duty, Role, grant};
-use idemgate::outbox::{Database, Endpoint};
+use idemgate::postgres::Endpoint;
 use serde_json::json;
 use support::outbox::{DESTINATION, Fixture, settings};
 use support::pgbouncer::PgBouncer;
@@ -87,7 +87,7 @@ async fn a_relay_role_behind_pgbouncer_in_transaction_mode_delivers_every_row_on
     let stop = CancellationToken::new();
     let relays: Vec<_> = (0..2)
         .map(|_| {
-            let db = Database::connect_relay(&url, 4, fx.schema.schema.clone()).unwrap();
+            let db = idemgate::outbox::connect_relay(&url, 4, fx.schema.schema.clone()).unwrap();
             let relay = Relay::new(db, fx.publisher(), fx.policies(), settings(LEASE));
             tokio::spawn(relay.run(Some(Endpoint::parse(&url).unwrap()), stop.clone()))
         })

@@ -119,10 +119,10 @@ async fn migrate_from_the_command_line_is_idempotent() {
     let first = run();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let stdout = String::from_utf8_lossy(&first.stdout);
-    assert!(stdout.contains(&format!("migrated to {}", idemgate::outbox::migrate::latest_version())), "{stdout}");
+    assert!(stdout.contains(&format!("migrated to {}", idemgate::postgres::migrate::latest_version())), "{stdout}");
     assert!(stdout.contains("payloads up to 2MiB (relay.max_payload)"), "{stdout}");
     let client = schema.connect().await;
-    let settings = idemgate::outbox::migrate::settings(&client, &schema.schema).await.unwrap();
+    let settings = idemgate::postgres::migrate::settings(&client, &schema.schema).await.unwrap();
     assert_eq!(settings.max_payload, 2 << 20, "enqueue enforces the config's cap");
     let second = run();
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));

@@ -9,10 +9,11 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
 use idemgate::outbox::relay::Relay;
 use idemgate::outbox::roles::{Duty, Role, grant, statements};
-use idemgate::outbox::{Database, Endpoint, Schema, claim, migrate};
+use idemgate::postgres::{Endpoint, Schema, migrate};
 use serde_json::json;
 use support::outbox::{DESTINATION, Fixture, settings};
 use support::postgres::TestSchema;
@@ -118,7 +119,7 @@ async fn a_relay_role_that_owns_nothing_does_the_relays_whole_job() {
     assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (false, false), "neither superuser nor owner");
     migrate::require_current(&as_relay, &fx.schema.schema).await.expect("the start-up check");
 
-    let db = Database::connect_relay(&role.url(), 4, fx.schema.schema.clone()).unwrap();
+    let db = idemgate::outbox::connect_relay(&role.url(), 4, fx.schema.schema.clone()).unwrap();
     let relay = Relay::new(db.clone(), fx.publisher(), fx.policies(), settings(LEASE));
     // Claim, publish, complete; retry and bury (503 × max_attempts); bury at once (422).
     let delivered = fx.enqueue("ok", json!({}), None).await;

@@ -12,8 +12,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate::outbox::CHANNEL;
 use idemgate::outbox::enqueue::{Message, derived_key, enqueue};
-use idemgate::outbox::{CHANNEL, Database, Endpoint, OutboxError, Schema, migrate};
+use idemgate::postgres::{Database, Endpoint, PostgresError, Schema, migrate};
 use serde_json::json;
 use support::postgres_tls::{Hba, TestCa, TlsPostgres};
 use tokio::sync::Notify;
@@ -27,7 +28,7 @@ async fn bounded<T>(what: &str, work: impl Future<Output = T>) -> T {
     tokio::time::timeout(TIMEOUT, work).await.unwrap_or_else(|_| panic!("{what}: no answer within {TIMEOUT:?}"))
 }
 
-async fn connect(url: &str) -> Result<Client, OutboxError> {
+async fn connect(url: &str) -> Result<Client, PostgresError> {
     bounded(url, migrate::connect(url)).await
 }
 
@@ -110,7 +111,7 @@ async fn verify_full_with_another_ca_fails_and_says_the_issuer_is_unknown() {
     // The pool (relay, admin API, postgres:// store) reports the same cause.
     let db = Database::connect(&url, 1, Schema::default()).expect("the pool opens lazily");
     let Err(error) = bounded("pool", db.pool.get()).await else { panic!("the pool connected") };
-    let error = OutboxError::from(error).to_string();
+    let error = PostgresError::from(error).to_string();
     assert!(error.contains("UnknownIssuer"), "{error}");
     // Without sslrootcert the bundled roots are trusted, and they know no test CA.
     let error = refused(&pg.url("sslmode=verify-full")).await;

@@ -74,7 +74,7 @@ async fn clients_may_speak_h2_over_tls_and_the_upstream_learns_the_protocol() {
     config.tls.key_file = Some(cert.key.clone());
     let gateway = TestGateway::start(config).await;
 
-    let tls = idemgate::gateway::tls::client_config(Some(&cert.cert)).unwrap();
+    let tls = idemgate::http::tls::client_config(Some(&cert.cert)).unwrap();
     let connector = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only().enable_http2().build();
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
     for _ in 0..2 {

@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use idemgate::config::DEFAULT_POOL_IDLE_TIMEOUT;
-use idemgate::gateway::body::full;
-use idemgate::gateway::upstream::Upstream;
+use idemgate::http::body::full;
+use idemgate::http::client::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -55,11 +55,11 @@ async fn slow_server(delay: Duration) -> (Uri, Arc<Counts>) {
     (uri, counts)
 }
 
-fn get(uri: &Uri, path: &str) -> Request<idemgate::gateway::body::ResponseBody> {
+fn get(uri: &Uri, path: &str) -> Request<idemgate::http::body::ResponseBody> {
     Request::get(format!("{uri}{}", path.trim_start_matches('/'))).body(full(Bytes::new())).unwrap()
 }
 
-async fn status_and_body(upstream: &Upstream, request: Request<idemgate::gateway::body::ResponseBody>) -> (u16, Bytes) {
+async fn status_and_body(upstream: &Upstream, request: Request<idemgate::http::body::ResponseBody>) -> (u16, Bytes) {
     let response = upstream.send(request, Duration::from_secs(10)).await.expect("upstream answers");
     let status = response.status().as_u16();
     (status, response.into_body().collect().await.unwrap().to_bytes())

@@ -28,8 +28,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::derived_key;
-use idemgate::outbox::{Database, Schema, claim};
+use idemgate::postgres::Schema;
 use tokio::sync::{Mutex, mpsc};
 use tokio_postgres::NoTls;
 
@@ -184,7 +185,7 @@ async fn claim_latency(flags: &BTreeMap<String, String>) -> Result<String, Failu
     for name in flag(flags, "schemas")?.split(',') {
         let schema = Schema::new(name)?;
         // The relay's own kind of pool (session settings included).
-        let db = Database::connect_relay(&url, 2, schema.clone())?;
+        let db = idemgate::outbox::connect_relay(&url, 2, schema.clone())?;
         let requeue = schema.sql(
             "UPDATE idemgate.outbox SET state = 'ready', lease_until = NULL, available_at = now()
               WHERE id = ANY($1::bigint[])",

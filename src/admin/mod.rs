@@ -38,8 +38,8 @@ use tokio::net::TcpListener;
 pub use auth::{AccessDenied, AdminAccess};
 
 use crate::gateway::Gateway;
-use crate::gateway::body::{ResponseBody, full};
 use crate::gateway::problem::Problem;
+use crate::http::body::{ResponseBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
 use crate::store::Store;
@@ -61,7 +61,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct Admin<S> {
     gateway: Arc<Gateway<S>>,
     access: AdminAccess,
-    outbox: Option<crate::outbox::Database>,
+    outbox: Option<crate::postgres::Database>,
     destinations: Vec<String>,
 }
 
@@ -72,7 +72,7 @@ impl<S: Store> Admin<S> {
     }
 
     /// Serves the outbox routes (and checks the database for readiness).
-    pub fn with_outbox(mut self, outbox: Option<crate::outbox::Database>) -> Self {
+    pub fn with_outbox(mut self, outbox: Option<crate::postgres::Database>) -> Self {
         self.outbox = outbox;
         self
     }
@@ -234,5 +234,5 @@ pub async fn serve<S: Store>(listener: TcpListener, admin: Arc<Admin<S>>, shutdo
         let admin = admin.clone();
         async move { admin.handle(request).await }
     };
-    crate::gateway::server::serve_internal(listener, "admin", handle, shutdown).await;
+    crate::http::listener::serve_internal(listener, "admin", handle, shutdown).await;
 }

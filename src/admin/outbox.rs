@@ -14,9 +14,10 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::{json, query};
-use crate::gateway::body::ResponseBody;
 use crate::gateway::problem::Problem;
-use crate::outbox::{Database, OutboxError, census, claim};
+use crate::http::body::ResponseBody;
+use crate::outbox::{OutboxError, census, claim};
+use crate::postgres::Database;
 
 /// Limit on one admin database call.
 const DB_TIMEOUT: Duration = Duration::from_secs(5);

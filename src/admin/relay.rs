@@ -13,11 +13,11 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
 use super::{AccessDenied, AdminAccess, json, outbox};
-use crate::gateway::body::{ResponseBody, full};
 use crate::gateway::problem::Problem;
+use crate::http::body::{ResponseBody, full};
 use crate::metrics::Metrics;
-use crate::outbox::Database;
 use crate::outbox::relay::Readiness;
+use crate::postgres::Database;
 
 /// What the relay's admin listener needs.
 pub struct RelayAdmin {
@@ -98,5 +98,5 @@ pub async fn serve(listener: TcpListener, admin: Arc<RelayAdmin>, shutdown: impl
         let admin = admin.clone();
         async move { admin.handle(request).await }
     };
-    crate::gateway::server::serve_internal(listener, "relay admin", handle, shutdown).await;
+    crate::http::listener::serve_internal(listener, "relay admin", handle, shutdown).await;
 }

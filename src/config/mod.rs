@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-pub use relay::{DestinationConfig, RelayConfig};
+pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
 pub use units::{ByteSize, ConfigDuration};
 
 /// Prefix of environment overrides: `IDEMGATE__GATEWAY__LEASE=10s`.
@@ -262,6 +262,10 @@ pub enum OnUnknown {
 /// below the 5 s keep-alive of Node's HTTP server, the shortest common
 /// upstream default, so the gateway closes an idle connection before the
 /// upstream does instead of writing a request into one being closed.
+/// Connections per upstream unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// How long an idle pooled upstream connection is kept unless configured otherwise.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Where the tenant comes from: exactly one of the three fields.
@@ -427,7 +431,7 @@ fn default_pool_idle_timeout() -> ConfigDuration {
 }
 
 fn default_max_connections() -> usize {
-    crate::gateway::upstream::DEFAULT_MAX_CONNECTIONS
+    DEFAULT_MAX_CONNECTIONS
 }
 
 /// The admin API.

@@ -202,6 +202,16 @@ fn default_key_retention() -> ConfigDuration {
     secs(86_400)
 }
 
+/// Whether `name` can name the outbox's schema: lower-case letters, digits
+/// and `_`, not starting with a digit, at most 63 bytes (Postgres's limit),
+/// so it needs no quoting anywhere it is written into SQL.
+pub fn is_schema_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
+}
+
 /// Checks the relay section and every destination; pushes warnings.
 pub(super) fn validate(
     relay: &RelayConfig,
@@ -214,7 +224,7 @@ pub(super) fn validate(
     {
         return invalid(format!("relay.database_url {:?} must be a postgres:// URL", url.redacted()));
     }
-    if crate::outbox::Schema::new(&relay.schema).is_err() {
+    if crate::postgres::Schema::new(&relay.schema).is_err() {
         return invalid(format!("relay.schema = {:?}: lower-case letters, digits and _ only", relay.schema));
     }
     if relay.pool_size < 2 {

@@ -13,16 +13,12 @@
 //! [`server`] owns the listener and graceful shutdown; [`problem`] renders
 //! every error the gateway itself produces.
 
-pub mod body;
-pub mod connection;
 mod guard;
 pub mod headers;
 pub mod problem;
-pub mod request_body;
+pub mod rewrite;
 pub mod routes;
 pub mod server;
-pub mod tls;
-pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,13 +29,13 @@ use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
+use crate::http::body::{ResponseBody, boxed};
+use crate::http::connection::ConnectionInfo;
+use crate::http::request_body::Paced;
 use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, TenantSource};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
-use body::{ResponseBody, boxed};
-use connection::ConnectionInfo;
 use problem::Problem;
-use request_body::Paced;
 use routes::{Route, RouteTable};
 
 /// What happened to a request; logged once per request (and counted).
@@ -289,7 +285,7 @@ impl<S: Store> Gateway<S> {
             true => boxed(body),
             false => boxed(Paced::new(body, self.policy.request_body_timeout)),
         };
-        let request = match upstream::rewrite(route, parts, body, &connection.client, None) {
+        let request = match rewrite::rewrite(route, parts, body, &connection.client, None) {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
@@ -300,7 +296,7 @@ impl<S: Store> Gateway<S> {
         let timeout = self.policy.upstream_timeout;
         let result = tokio::time::timeout(timeout, route.upstream.send(request, timeout))
             .await
-            .unwrap_or(Err(upstream::UpstreamError::TimedOut(timeout)));
+            .unwrap_or(Err(crate::http::client::UpstreamError::TimedOut(timeout)));
         self.metrics.upstream_latency.with_label_values(&[route.name.as_str()]).observe(sent.elapsed().as_secs_f64());
         match result {
             Ok(response) => {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use super::body::{ResponseBody, full};
+use crate::http::body::{ResponseBody, full};
 use crate::idempotency::{KeyError, TenantError};
 
 /// Prefix of every problem `type`; the suffix is [`Problem::slug`].

@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
 
-use super::upstream::Upstream;
 use crate::config::{OnUnknown, RouteConfig, check_upstream_url};
+use crate::http::client::Upstream;
 use crate::idempotency::StatusPolicy;
 
 /// A route compiled from its config.

@@ -55,7 +55,8 @@ pub fn derived_key(outbox: &Schema, destination: &str, operation: &str, business
 /// Headers a message may not set: framing and hop-by-hop headers (they
 /// could cut the body short or smuggle a second request, and belong to
 /// the connection, not the message), and `Idempotency-Key`, which the
-/// relay sets to the derived key.
+/// relay sets to the derived key. The SQL function refuses the same names;
+/// a destination's config may set none of them but `host`.
 pub const RESERVED_HEADERS: &[&str] = &[
     "content-length",
     "transfer-encoding",
@@ -69,6 +70,20 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "proxy-connection",
     "idempotency-key",
 ];
+
+/// Why `name` (any case) is one of the [`RESERVED_HEADERS`], if it is.
+pub fn reserved_header(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    if !RESERVED_HEADERS.contains(&name.as_str()) {
+        return None;
+    }
+    Some(match name.as_str() {
+        "content-length" | "transfer-encoding" => "it frames the body, which the relay does",
+        "host" => "the destination's URL names the host",
+        "idempotency-key" => "every request carries the derived key",
+        _ => "it is a hop-by-hop header",
+    })
+}
 
 /// The most bytes of header names and values one message may carry: 8 KiB,
 /// what common servers accept in a request's header section.
@@ -158,7 +173,7 @@ impl<'a> Message<'a> {
             if !is_token(name) {
                 return Err(Refusal::HeaderName(name.clone()));
             }
-            if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            if reserved_header(name).is_some() {
                 return Err(Refusal::ReservedHeader(name.clone()));
             }
             if !is_printable(value) {

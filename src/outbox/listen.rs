@@ -20,7 +20,8 @@ use tokio::sync::Notify;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
-use super::{CHANNEL, Endpoint, ErrorChain};
+use super::CHANNEL;
+use crate::postgres::{Endpoint, ErrorChain};
 
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);

@@ -41,11 +41,12 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::claim::Claimed;
-use super::printable;
 use super::retry::{Class, classify_status, parse_retry_after};
+use crate::config::DEFAULT_MAX_CONNECTIONS;
 use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig};
-use crate::gateway::upstream::{DEFAULT_MAX_CONNECTIONS, Upstream, UpstreamBody};
-pub use target::{Target, refused_header};
+use crate::escape::printable;
+use crate::http::client::{Upstream, UpstreamBody};
+pub use target::Target;
 
 /// Bytes of a failed response's body kept for `last_error`.
 pub const MAX_ERROR_BODY: usize = 512;

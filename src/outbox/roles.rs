@@ -21,7 +21,7 @@
 
 use tokio_postgres::Client;
 
-use super::Schema;
+use crate::postgres::Schema;
 
 /// Why a grant failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,10 +33,10 @@ pub enum RoleError {
     #[error("role {0:?} does not exist: create it first (CREATE ROLE … LOGIN PASSWORD …)")]
     Missing(String),
     /// The transaction around the grants failed.
-    #[error("granting: {}", super::ErrorChain(.0))]
+    #[error("granting: {}", crate::postgres::ErrorChain(.0))]
     Transaction(#[source] tokio_postgres::Error),
     /// A statement failed.
-    #[error("granting to {role:?}: {}", super::ErrorChain(.source))]
+    #[error("granting to {role:?}: {}", crate::postgres::ErrorChain(.source))]
     Database {
         /// The role.
         role: String,

@@ -31,7 +31,7 @@
 //!
 //! URL: `postgres://user:pass@host:port/db?pool_size=16&timeout=2s&schema=idemgate`
 //! (`postgresql://` too); other query options go to the driver, TLS ones
-//! (`sslmode`, `sslrootcert`) through [`crate::outbox::tls`]. `schema`
+//! (`sslmode`, `sslrootcert`) through [`crate::postgres::tls`]. `schema`
 //! (default `idemgate`) lets tests, or several gateways with separate key
 //! spaces, share one database.
 
@@ -42,7 +42,7 @@ use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
-use crate::outbox::{Database, Endpoint, OutboxError, Schema, migrate};
+use crate::postgres::{Database, Endpoint, PostgresError, Schema, migrate};
 
 /// How often expired rows are deleted.
 pub const CLEANUP_EVERY: Duration = Duration::from_secs(60);
@@ -104,11 +104,11 @@ fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError 
     StoreError::Unavailable(Box::new(e))
 }
 
-fn from_outbox(e: OutboxError) -> StoreError {
+fn from_outbox(e: PostgresError) -> StoreError {
     match e {
-        OutboxError::InvalidUrl(m) => StoreError::InvalidUrl(m),
+        PostgresError::InvalidUrl(m) => StoreError::InvalidUrl(m),
         // The store's caller prints the (redacted) URL already.
-        OutboxError::Tls { source, .. } => StoreError::InvalidUrl(source.to_string()),
+        PostgresError::Tls { source, .. } => StoreError::InvalidUrl(source.to_string()),
         other => unavailable(other),
     }
 }

@@ -9,7 +9,8 @@ use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
 use idemgate::outbox::publisher::HttpPublisher;
 use idemgate::outbox::relay::{Outcome, Relay, Settings};
-use idemgate::outbox::{Database, retry::RetryPolicy};
+use idemgate::outbox::retry::RetryPolicy;
+use idemgate::postgres::Database;
 
 use super::postgres::TestSchema;
 use super::sink::Sink;

@@ -32,8 +32,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemgate::outbox::Schema;
 use idemgate::outbox::enqueue::{Message, derived_key, enqueue_in};
+use idemgate::postgres::Schema;
 use rand::prelude::*;
 use serde_json::json;
 use tokio_postgres::Client;
@@ -210,7 +210,7 @@ async fn enqueue_one(client: &mut Option<Client>, url: &str, schema: &Schema, ro
 
 /// A connection (5 s connect timeout), driven in the background.
 pub async fn connect(url: &str) -> Result<Client, String> {
-    let mut endpoint = idemgate::outbox::Endpoint::parse(url).map_err(|e| e.to_string())?;
+    let mut endpoint = idemgate::postgres::Endpoint::parse(url).map_err(|e| e.to_string())?;
     endpoint.config.connect_timeout(Duration::from_secs(5));
     let (client, connection) = endpoint.connect().await.map_err(|e| e.to_string())?;
     tokio::spawn(connection);

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use idemgate::outbox::{Database, Schema};
+use idemgate::postgres::{Database, Schema};
 use tokio_postgres::NoTls;
 
 /// The shared server's URL.
@@ -69,10 +69,10 @@ impl TestSchema {
     /// Creates the schema and applies the migrations to it.
     pub async fn create() -> Self {
         let guard = Self::unmigrated().await;
-        let mut client = idemgate::outbox::migrate::connect(&guard.url)
+        let mut client = idemgate::postgres::migrate::connect(&guard.url)
             .await
             .unwrap_or_else(|e| panic!("Postgres at {} (set DATABASE_URL): {e}", guard.url));
-        idemgate::outbox::migrate::run(&mut client, &guard.schema).await.expect("migrate");
+        idemgate::postgres::migrate::run(&mut client, &guard.schema).await.expect("migrate");
         guard
     }
 

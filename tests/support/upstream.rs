@@ -50,7 +50,7 @@ impl Upstream {
 
     /// An `https://` upstream with this certificate and key (PEM files).
     pub async fn start_tls(cert: &Path, key: &Path) -> Self {
-        Self::start_with(Some(idemgate::gateway::tls::acceptor(cert, key).unwrap())).await
+        Self::start_with(Some(idemgate::http::tls::acceptor(cert, key).unwrap())).await
     }
 
     async fn start_with(tls: Option<TlsAcceptor>) -> Self {

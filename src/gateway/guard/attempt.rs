@@ -15,13 +15,15 @@ use tokio::time::Instant;
 
 use super::Answer;
 use crate::config::{ForwardKey, OnUnknown};
-use crate::gateway::body::{Prefixed, ResponseBody, boxed, full};
 use crate::gateway::headers::{clean_response_head, headers_to_store};
 use crate::gateway::problem::Problem;
-use crate::gateway::request_body::BufferedBody;
+use crate::gateway::rewrite::rewrite;
 use crate::gateway::routes::Route;
-use crate::gateway::upstream::{ClientInfo, UpstreamBody, UpstreamError, rewrite};
 use crate::gateway::{Gateway, Outcome};
+use crate::http::body::{Prefixed, ResponseBody, boxed, full};
+use crate::http::client::{UpstreamBody, UpstreamError};
+use crate::http::connection::ClientInfo;
+use crate::http::request_body::BufferedBody;
 use crate::idempotency::{Completion, Fence, ScopedKey, StoredResponse};
 use crate::store::Store;
 

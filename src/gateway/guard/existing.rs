@@ -12,11 +12,12 @@ use super::attempt::{Attempt, Forward, respond};
 use super::{Answer, unguarded_problem};
 use crate::config::{ConcurrentMode, FailMode};
 use crate::gateway::Outcome;
-use crate::gateway::body::{ResponseBody, full};
 use crate::gateway::headers::IDEMPOTENT_REPLAYED;
 use crate::gateway::problem::Problem;
-use crate::gateway::request_body::BufferedBody;
-use crate::gateway::upstream::{UpstreamError, rewrite};
+use crate::gateway::rewrite::rewrite;
+use crate::http::body::{ResponseBody, full};
+use crate::http::client::UpstreamError;
+use crate::http::request_body::BufferedBody;
 use crate::idempotency::{Decision, Fingerprint, Record, StoredResponse, decide};
 use crate::store::Store;
 

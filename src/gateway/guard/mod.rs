@@ -27,13 +27,13 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::body::ResponseBody;
-use super::connection::ConnectionInfo;
 use super::problem::Problem;
-use super::request_body::{BodyError, linger, read_whole};
 use super::routes::Route;
-use super::upstream::UpstreamError;
 use super::{Gateway, Outcome};
+use crate::http::body::ResponseBody;
+use crate::http::client::UpstreamError;
+use crate::http::connection::ConnectionInfo;
+use crate::http::request_body::{BodyError, linger, read_whole};
 use crate::idempotency::{Fence, IdempotencyKey, ScopedKey};
 use crate::store::{Begin, Store};
 use attempt::Attempt;

@@ -11,7 +11,7 @@
 //!   header). A destination that also configures its own `Authorization`
 //!   is refused as ambiguous;
 //! - a configured header that frames the body or describes one connection
-//!   ([`refused_header`]) is refused, and so is one given twice in
+//!   ([`reserved_header`]) is refused, and so is one given twice in
 //!   different cases (`Authorization` and `authorization`).
 //!
 //! A message's own headers (given at enqueue) are checked again at every
@@ -28,25 +28,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use super::super::claim::Claimed;
 use crate::config::{DestinationConfig, ServiceUrl};
-use crate::gateway::body::{ResponseBody, full};
+use crate::http::body::{ResponseBody, full};
 use crate::idempotency::key::IDEMPOTENCY_KEY;
-
-/// Why a header may not be set by a message (or by a destination's
-/// config, `host` aside), if it may not: it frames the body, which the
-/// relay does; it is hop-by-hop (RFC 9110 §7.6.1), so it describes one
-/// connection, not the message; or it is the `Idempotency-Key`, which is
-/// always the derived key. `name` is compared without regard to case.
-pub fn refused_header(name: &str) -> Option<&'static str> {
-    let name = name.to_ascii_lowercase();
-    match name.as_str() {
-        "content-length" | "transfer-encoding" => Some("it frames the body, which the relay does"),
-        "host" => Some("the destination's URL names the host"),
-        "connection" | "keep-alive" | "te" | "trailer" | "upgrade" => Some("it is a hop-by-hop header"),
-        _ if name.starts_with("proxy-") => Some("it is a hop-by-hop header"),
-        "idempotency-key" => Some("every request carries the derived key"),
-        _ => None,
-    }
-}
+use crate::outbox::enqueue::reserved_header;
 
 /// A destination's request template: where, how, and the headers every
 /// request to it carries.
@@ -76,7 +60,7 @@ impl Target {
         for (name, value) in &config.headers {
             let header =
                 HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name"))?;
-            if let Some(why) = refused_header(name).filter(|_| header != HOST) {
+            if let Some(why) = reserved_header(name).filter(|_| header != HOST) {
                 return Err(format!("headers must not set {name}: {why}"));
             }
             if headers.contains_key(&header) {
@@ -102,12 +86,12 @@ impl Target {
     /// The request for one message: the configured headers, then the
     /// message's own (which may override them), `Content-Type:
     /// application/json` unless set, and the derived `Idempotency-Key`.
-    /// A message header that [`refused_header`] names, or that is not a
+    /// A message header that [`reserved_header`] names, or that is not a
     /// valid header, refuses the whole message.
     pub fn request(&self, message: &Claimed) -> Result<Request<ResponseBody>, String> {
         let mut headers = self.headers.clone();
         for (name, value) in &message.headers {
-            if let Some(why) = refused_header(name) {
+            if let Some(why) = reserved_header(name) {
                 return Err(format!("message header {} is refused: {why}", quoted(name)));
             }
             let header = HeaderName::from_bytes(name.as_bytes())

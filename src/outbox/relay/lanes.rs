@@ -53,9 +53,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::{Relay, Settings, Step, claim};
+use crate::outbox::OutboxError;
 use crate::outbox::claim::{Claimed, Limits, Payload};
 use crate::outbox::publisher::Publisher;
-use crate::outbox::{Endpoint, OutboxError};
+use crate::postgres::Endpoint;
 
 /// The most deliveries one recording statement writes.
 const MAX_RECORDED_TOGETHER: usize = 1024;

@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Relay, Settings};
 use crate::config::Config;
 use crate::outbox::publisher::{HttpPublisher, Publisher};
-use crate::outbox::{Database, Endpoint, OutboxError, Schema, migrate, relay_sessions};
+use crate::outbox::{OutboxError, relay_sessions};
+use crate::postgres::{Database, Endpoint, Schema, migrate};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -60,7 +61,7 @@ impl<P: Publisher> Relay<P> {
         loop {
             let check = async {
                 let client = db.pool.get().await?;
-                migrate::require_current(&client, &db.schema).await
+                migrate::require_current(&client, &db.schema).await.map_err(OutboxError::from)
             };
             let checked = tokio::select! {
                 checked = tokio::time::timeout(ATTEMPT_TIMEOUT, check) => checked,
@@ -139,7 +140,7 @@ pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>)
 pub async fn run_from_config(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let (relay, listen) = build(config)?;
     let access = crate::admin::AdminAccess::from_config(&config.admin)?;
-    let listener = crate::gateway::server::bind(config.admin_listen).await?;
+    let listener = crate::http::listener::bind(config.admin_listen).await?;
     let admin = crate::admin::relay::RelayAdmin::new(
         relay.database().clone(),
         relay.metrics().clone(),

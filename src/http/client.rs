@@ -1,10 +1,5 @@
-//! Forwarding to upstreams over one pooled, keep-alive HTTP client.
-//!
-//! The request is rewritten here and only here: the URI points at the
-//! route's upstream, hop-by-hop headers are dropped, `Host` becomes the
-//! upstream's authority (unless the route keeps it), `X-Forwarded-For`,
-//! `X-Forwarded-Proto` and `X-Forwarded-Host` are set, and the
-//! `Idempotency-Key` is replaced by the derived key when configured.
+//! One pooled, keep-alive HTTP client per origin: the gateway forwards
+//! to its upstreams with it, the outbox relay publishes to destinations.
 //!
 //! Each [`Upstream`] talks to one origin (scheme, host, port) over at most
 //! `max_connections` HTTP/1.1 keep-alive connections: a request takes a
@@ -17,7 +12,6 @@
 //! have reached the upstream is never sent twice.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -26,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -38,9 +32,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use super::body::ResponseBody;
-use super::headers::strip_hop_by_hop;
-use super::routes::Route;
-use crate::idempotency::key::IDEMPOTENCY_KEY;
 
 /// Why a forward failed. Each variant says whether the request can have
 /// reached the upstream ([`UpstreamError::may_have_been_sent`]): the guard
@@ -80,9 +71,6 @@ impl UpstreamError {
         }
     }
 }
-
-/// Connections per upstream unless configured otherwise.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// A pooled client for one upstream origin (HTTP/1.1 keep-alive, `http` or `https`).
 #[derive(Clone)]
@@ -326,78 +314,4 @@ impl Drop for UpstreamBody {
 
 fn origin_uri(scheme: Scheme, authority: Authority) -> Result<Uri, http::Error> {
     Uri::builder().scheme(scheme).authority(authority).path_and_query("/").build()
-}
-
-/// Who sent a request, as the listener saw it.
-#[derive(Debug, Clone)]
-pub struct ClientInfo {
-    /// The peer address.
-    pub addr: SocketAddr,
-    /// `true` when the client connected over TLS.
-    pub tls: bool,
-    /// The peer's IP as a header value, rendered once per connection.
-    ip: HeaderValue,
-}
-
-impl ClientInfo {
-    /// The client at `addr`, over TLS or not.
-    pub fn new(addr: SocketAddr, tls: bool) -> Self {
-        let ip = HeaderValue::from_str(&addr.ip().to_string()).expect("an IP address is a valid header value");
-        Self { addr, tls, ip }
-    }
-}
-
-// Parsed once: a `&str` header name is parsed and hashed again on every use.
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// Turns a client request into the upstream request.
-pub fn rewrite(
-    route: &Route,
-    mut parts: http::request::Parts,
-    body: ResponseBody,
-    client: &ClientInfo,
-    forwarded_key: Option<HeaderValue>,
-) -> Result<Request<ResponseBody>, UpstreamError> {
-    // The host the client asked for: `Host` in HTTP/1.1, `:authority` in h2.
-    let client_host = parts
-        .headers
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()));
-    parts.uri = route.upstream_uri(&parts.uri).map_err(UpstreamError::Build)?;
-    parts.version = http::Version::HTTP_11;
-    let headers = &mut parts.headers;
-    strip_hop_by_hop(headers);
-    // It travels as X-Forwarded-Host, like the scheme in X-Forwarded-Proto:
-    // set from what this gateway saw, never from the client's own header.
-    match &client_host {
-        Some(host) => headers.insert(&X_FORWARDED_HOST, host.clone()),
-        None => headers.remove(&X_FORWARDED_HOST),
-    };
-    match client_host {
-        // An h2 client's :authority becomes the Host an HTTP/1.1 upstream needs.
-        Some(host) if route.keep_host => headers.insert(header::HOST, host),
-        // The upstream client sets Host to its own authority.
-        _ => headers.remove(header::HOST),
-    };
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes) {
-        Some(previous) => {
-            let mut chain = Vec::with_capacity(previous.len() + 2 + client.ip.len());
-            chain.extend_from_slice(previous);
-            chain.extend_from_slice(b", ");
-            chain.extend_from_slice(client.ip.as_bytes());
-            HeaderValue::from_bytes(&chain).ok()
-        }
-        None => Some(client.ip.clone()),
-    };
-    if let Some(value) = forwarded_for {
-        headers.insert(&X_FORWARDED_FOR, value);
-    }
-    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(if client.tls { "https" } else { "http" }));
-    if let Some(key) = forwarded_key {
-        headers.insert(&IDEMPOTENCY_KEY, key);
-    }
-    Ok(Request::from_parts(parts, body))
 }

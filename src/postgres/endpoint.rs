@@ -21,7 +21,7 @@ use tokio_postgres::{Client, Connection, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::tls::{self, SslMode, TlsSettings};
-use super::{ErrorChain, OutboxError};
+use super::{ErrorChain, PostgresError};
 use crate::config::ServiceUrl;
 
 /// The stream of a connection made through an [`Endpoint`].
@@ -46,9 +46,9 @@ impl std::fmt::Debug for Endpoint {
 impl Endpoint {
     /// Parses a `postgres://` (or `postgresql://`) URL, or a `key=value`
     /// connection string, and builds its TLS connector.
-    pub fn parse(url: &str) -> Result<Self, OutboxError> {
+    pub fn parse(url: &str) -> Result<Self, PostgresError> {
         let redacted = || ServiceUrl::new(url).redacted();
-        let tls_error = |source| OutboxError::Tls { url: redacted(), source };
+        let tls_error = |source| PostgresError::Tls { url: redacted(), source };
         let (driver_url, settings) = if is_url(url) {
             let (driver_url, sslmode, sslrootcert) = split_tls_params(url);
             let settings = TlsSettings::from_params(sslmode.as_deref(), sslrootcert.as_deref()).map_err(tls_error)?;
@@ -58,7 +58,7 @@ impl Endpoint {
         };
         let mut config = driver_url
             .parse::<tokio_postgres::Config>()
-            .map_err(|e| OutboxError::InvalidUrl(ErrorChain(&e).to_string()))?;
+            .map_err(|e| PostgresError::InvalidUrl(ErrorChain(&e).to_string()))?;
         let settings =
             settings.unwrap_or_else(|| TlsSettings { mode: from_driver(config.get_ssl_mode()), root_certs: None });
         config.ssl_mode(settings.mode.driver());
@@ -121,7 +121,7 @@ fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::tls::{CertificateCheck, RootCerts};
+    use crate::postgres::tls::{CertificateCheck, RootCerts};
 
     #[test]
     fn tls_parameters_leave_the_url_and_the_rest_stays_in_order() {

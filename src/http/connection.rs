@@ -1,4 +1,4 @@
-//! One client connection: what the gateway knows of it, and how long it may
+//! One client connection: what a handler knows of it, and how long it may
 //! sit idle.
 //!
 //! hyper bounds an HTTP/1.1 request's headers, but nothing bounds the time
@@ -10,14 +10,16 @@
 //! none for too long — `header_read_timeout` before its first request,
 //! `idle_timeout` after one — so the listener can close it gracefully.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use http::HeaderValue;
+
 use super::request_body::BodyBudget;
-use super::upstream::ClientInfo;
 
 /// What a request handler knows of the connection it came on.
 #[derive(Debug, Clone)]
@@ -26,6 +28,30 @@ pub struct ConnectionInfo {
     pub client: ClientInfo,
     /// Request-body bytes this connection may hold buffered at once.
     pub body_budget: BodyBudget,
+}
+
+/// Who sent a request, as the listener saw it.
+#[derive(Debug, Clone)]
+pub struct ClientInfo {
+    /// The peer address.
+    pub addr: SocketAddr,
+    /// `true` when the client connected over TLS.
+    pub tls: bool,
+    /// The peer's IP as a header value, rendered once per connection.
+    ip: HeaderValue,
+}
+
+impl ClientInfo {
+    /// The client at `addr`, over TLS or not.
+    pub fn new(addr: SocketAddr, tls: bool) -> Self {
+        let ip = HeaderValue::from_str(&addr.ip().to_string()).expect("an IP address is a valid header value");
+        Self { addr, tls, ip }
+    }
+
+    /// The peer's IP, rendered as a header value.
+    pub fn ip(&self) -> &HeaderValue {
+        &self.ip
+    }
 }
 
 /// Requests in flight on one connection, and since when it has had none.

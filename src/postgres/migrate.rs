@@ -17,7 +17,7 @@
 
 use tokio_postgres::Client;
 
-use super::{Endpoint, ErrorChain, OutboxError, Schema};
+use super::{Endpoint, ErrorChain, PostgresError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
 
 /// One embedded migration.
@@ -58,13 +58,13 @@ fn checksum(migration: &Migration) -> String {
 }
 
 /// Applies the missing migrations to `schema`; returns the versions it applied.
-pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, OutboxError> {
+pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, PostgresError> {
     run_up_to(client, schema, latest_version()).await
 }
 
 /// [`run`], stopping after migration `last`: what an older binary would
 /// have left behind (upgrade tests start from there).
-pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Result<Vec<i32>, OutboxError> {
+pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Result<Vec<i32>, PostgresError> {
     let transaction = client.transaction().await?;
     // One lock per schema: migrators of one schema queue, others do not wait.
     let lock = format!("idemgate.migrate:{}", schema.name());
@@ -74,7 +74,7 @@ pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Resul
     let rows = transaction.query(&*schema.sql("SELECT version, checksum FROM idemgate.schema_migrations"), &[]).await?;
     let applied: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     if let Some((version, _)) = applied.iter().find(|(v, _)| *v > latest_version()) {
-        return Err(OutboxError::Schema(format!(
+        return Err(PostgresError::Schema(format!(
             "the database is at migration {version}, newer than this binary ({}): upgrade idemgate",
             latest_version()
         )));
@@ -84,14 +84,14 @@ pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Resul
         match applied.iter().find(|(v, _)| *v == migration.version) {
             Some((_, recorded)) if *recorded == checksum(migration) => {}
             Some(_) => {
-                return Err(OutboxError::Schema(format!(
+                return Err(PostgresError::Schema(format!(
                     "migration {} ({}) was changed after it was applied",
                     migration.version, migration.name
                 )));
             }
             None => {
                 transaction.batch_execute(&schema.sql(migration.sql)).await.map_err(|e| {
-                    OutboxError::Schema(format!("migration {} ({}) failed: {e}", migration.version, migration.name))
+                    PostgresError::Schema(format!("migration {} ({}) failed: {e}", migration.version, migration.name))
                 })?;
                 transaction
                     .execute(
@@ -119,7 +119,7 @@ pub struct Settings {
 }
 
 /// Reads `idemgate.settings`.
-pub async fn settings(client: &Client, schema: &Schema) -> Result<Settings, OutboxError> {
+pub async fn settings(client: &Client, schema: &Schema) -> Result<Settings, PostgresError> {
     let row = client.query_one(&*schema.sql("SELECT outbox, max_payload FROM idemgate.settings"), &[]).await?;
     let max_payload: i64 = row.try_get(1)?;
     Ok(Settings { outbox: row.try_get(0)?, max_payload: u64::try_from(max_payload).unwrap_or(0) })
@@ -127,22 +127,22 @@ pub async fn settings(client: &Client, schema: &Schema) -> Result<Settings, Outb
 
 /// Sets the payload cap `enqueue` enforces (`relay.max_payload`); returns
 /// the settings as they now are.
-pub async fn configure(client: &Client, schema: &Schema, max_payload: u64) -> Result<Settings, OutboxError> {
+pub async fn configure(client: &Client, schema: &Schema, max_payload: u64) -> Result<Settings, PostgresError> {
     let cap = i64::try_from(max_payload)
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| OutboxError::Schema(format!("relay.max_payload = {max_payload} bytes: must be positive")))?;
+        .ok_or_else(|| PostgresError::Schema(format!("relay.max_payload = {max_payload} bytes: must be positive")))?;
     client.execute(&*schema.sql("UPDATE idemgate.settings SET max_payload = $1"), &[&cap]).await?;
     settings(client, schema).await
 }
 
 /// One plain connection (outside any pool) for running migrations.
-pub async fn connect(url: &str) -> Result<Client, OutboxError> {
+pub async fn connect(url: &str) -> Result<Client, PostgresError> {
     connect_to(&Endpoint::parse(url)?).await
 }
 
 /// [`connect`] to an endpoint parsed already.
-pub async fn connect_to(endpoint: &Endpoint) -> Result<Client, OutboxError> {
+pub async fn connect_to(endpoint: &Endpoint) -> Result<Client, PostgresError> {
     let (client, connection) = endpoint.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -153,7 +153,7 @@ pub async fn connect_to(endpoint: &Endpoint) -> Result<Client, OutboxError> {
 }
 
 /// The highest applied version, or 0 when the schema was never migrated.
-pub async fn current_version(client: &Client, schema: &Schema) -> Result<i32, OutboxError> {
+pub async fn current_version(client: &Client, schema: &Schema) -> Result<i32, PostgresError> {
     let exists: bool = client
         .query_one(&*schema.sql("SELECT to_regclass('idemgate.schema_migrations') IS NOT NULL"), &[])
         .await?
@@ -166,20 +166,20 @@ pub async fn current_version(client: &Client, schema: &Schema) -> Result<i32, Ou
 }
 
 /// Fails unless the schema is exactly at [`latest_version`].
-pub async fn require_current(client: &Client, schema: &Schema) -> Result<(), OutboxError> {
+pub async fn require_current(client: &Client, schema: &Schema) -> Result<(), PostgresError> {
     let name = schema.name();
     // `migrate` takes the same schema from the same config (relay.schema).
     let migrate = if name == "idemgate" { String::new() } else { " with the same relay.schema".to_string() };
     match current_version(client, schema).await? {
         v if v == latest_version() => Ok(()),
-        0 => Err(OutboxError::Schema(format!(
+        0 => Err(PostgresError::Schema(format!(
             "schema {name} is missing: run `idemgate migrate --database-url …`{migrate}"
         ))),
-        v if v < latest_version() => Err(OutboxError::Schema(format!(
+        v if v < latest_version() => Err(PostgresError::Schema(format!(
             "schema {name} is at migration {v}, this binary needs {}: run `idemgate migrate`{migrate}",
             latest_version()
         ))),
-        v => Err(OutboxError::Schema(format!(
+        v => Err(PostgresError::Schema(format!(
             "schema {name} is at migration {v}, newer than this binary ({})",
             latest_version()
         ))),

@@ -1,0 +1,237 @@
+//! The listeners: one accept loop serves HTTP/1.1, h2c and (with a
+//! certificate) TLS for the gateway and the internal listeners (admin,
+//! relay admin, demo) alike, and shuts down gracefully.
+//!
+//! Bounded on every axis:
+//! - at most `max_connections` open connections (the accept loop waits for a
+//!   free slot, so excess clients queue in the kernel's backlog instead of
+//!   costing memory);
+//! - a TLS handshake, a new connection's first request and every HTTP/1.1
+//!   request's headers within `header_read_timeout`; a connection with no
+//!   request in flight for `idle_timeout` is closed ([`super::connection`]);
+//! - at most `max_streams_per_connection` concurrent HTTP/2 streams, and
+//!   `connection_body_budget` bytes of request bodies buffered per
+//!   connection ([`super::request_body`]);
+//! - a shutdown grace period: on shutdown the listener closes and open
+//!   connections finish their current requests (idle ones close at once).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::body::{BoxError, ResponseBody};
+use super::connection::{Activity, ClientInfo, ConnectionInfo};
+use super::request_body::BodyBudget;
+
+/// Limits of a listener.
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time allowed for a TLS handshake, a new connection's first request
+    /// head, and each HTTP/1.1 request's headers.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight this long is closed.
+    pub idle_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_streams_per_connection: u32,
+    /// Request-body bytes one connection may hold buffered at once.
+    pub connection_body_budget: u64,
+    /// Time allowed for in-flight work after shutdown starts.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerLimits {
+    /// Limits for an internal listener (admin, relay admin, demo): small
+    /// requests from few clients, no drain worth waiting for.
+    pub fn internal() -> Self {
+        Self {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_streams_per_connection: 16,
+            connection_body_budget: 1 << 20,
+            shutdown_grace: Duration::ZERO,
+        }
+    }
+}
+
+/// The one accept loop: serves `handle` on every connection of `listener`
+/// under `limits` until `shutdown` resolves, then lets open connections
+/// finish their requests for up to `limits.shutdown_grace`.
+pub async fn serve_listener<F, Fut>(
+    listener: TcpListener,
+    name: &'static str,
+    limits: &ServerLimits,
+    tls: Option<TlsAcceptor>,
+    handle: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(hyper::Request<Incoming>, Arc<ConnectionInfo>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own limit of 100 header fields stays: raising it makes hyper
+    // allocate its header index for every request instead of keeping it inline.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let closing = CancellationToken::new();
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { break };
+        let (stream, addr) = tokio::select! {
+            accepted = accept(&listener, name) => accepted,
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Arc::new(ConnectionInfo {
+            client: ClientInfo::new(addr, tls.is_some()),
+            body_budget: BodyBudget::new(limits.connection_body_budget),
+        });
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let activity = activity.clone();
+            let handle = handle.clone();
+            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let in_flight = activity.begin();
+                let response = handle(request, connection.clone());
+                async move {
+                    let response = response.await;
+                    drop(in_flight);
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            })
+        };
+        let builder = builder.clone();
+        let tls = tls.clone();
+        let closing = closing.clone();
+        let limits = limits.clone();
+        connections.spawn(async move {
+            let served = match tls {
+                None => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
+                Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+                {
+                    Ok(Ok(stream)) => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(_) => Err("TLS handshake timed out".into()),
+                },
+            };
+            if let Err(e) = served {
+                tracing::debug!(listener = name, client = %addr, error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if limits.shutdown_grace.is_zero() {
+        return;
+    }
+    tracing::info!(listener = name, "shutting down: draining connections");
+    closing.cancel();
+    connections.close();
+    let grace = limits.shutdown_grace;
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+        tracing::warn!(listener = name, ?grace, "connections still open after the grace period; closing them");
+    }
+}
+
+/// Serves one connection until it ends, closing it gracefully once it has
+/// been idle too long or the listener shuts down.
+async fn serve_connection<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    activity: &Activity,
+    limits: &ServerLimits,
+    closing: &CancellationToken,
+) -> Result<(), BoxError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = hyper::Response<ResponseBody>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
+    tokio::pin!(idle);
+    // A graceful close needs the peer's help in HTTP/2 (GOAWAY, then a PING
+    // it must acknowledge): a connection still open this long after one was
+    // asked for, with no request in flight, is dropped.
+    let drop_after = limits.header_read_timeout;
+    let overdue = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(overdue);
+    let mut closing_down = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => return served,
+            () = &mut idle, if !closing_down => {
+                closing_down = true;
+                connection.as_mut().graceful_shutdown();
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
+            }
+            () = closing.cancelled(), if !closing_down => {
+                closing_down = true;
+                connection.as_mut().graceful_shutdown();
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
+            }
+            () = &mut overdue, if closing_down => {
+                if activity.in_flight() == 0 {
+                    return Ok(());
+                }
+                overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
+            }
+        }
+    }
+}
+
+/// The next connection. An accept error (EMFILE and friends) is logged and
+/// backed off from instead of spinning.
+async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(listener = name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves an internal listener (admin, relay admin, demo): one `handle`
+/// call per request, under [`ServerLimits::internal`], until `shutdown`.
+pub async fn serve_internal<F, Fut>(
+    listener: TcpListener,
+    name: &'static str,
+    handle: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(hyper::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
+{
+    let handle = move |request, _: Arc<ConnectionInfo>| handle(request);
+    serve_listener(listener, name, &ServerLimits::internal(), None, handle, shutdown).await;
+}
+
+/// Binds a listener, with a clear error.
+pub async fn bind(address: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))
+}

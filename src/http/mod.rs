@@ -1,0 +1,23 @@
+//! The HTTP floor: what every room that speaks HTTP shares, and nothing
+//! about idempotency.
+//!
+//! - [`client`] — one pooled keep-alive client per origin, and its errors,
+//!   each saying whether the request may have been sent. The gateway
+//!   forwards with it; the outbox relay publishes with it.
+//! - [`body`] — the one boxed body type every handler returns.
+//! - [`request_body`] — reading a client's body under limits of size, time
+//!   and per-connection memory, and the lingering close after a refusal.
+//! - [`listener`] and [`connection`] — the one accept loop (HTTP/1.1, h2c,
+//!   TLS) with its per-connection limits, for the gateway and every
+//!   internal listener.
+//! - [`headers`] — the hop-by-hop headers no hop may pass on.
+//! - [`tls`] — rustls on both sides: roots for clients, an acceptor for
+//!   listeners.
+
+pub mod body;
+pub mod client;
+pub mod connection;
+pub mod headers;
+pub mod listener;
+pub mod request_body;
+pub mod tls;
