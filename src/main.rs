@@ -139,11 +139,10 @@ fn run(command: Command) -> Result<(), String> {
         Command::Serve(args) => {
             let config = args.load()?;
             idemgate::app::init_logging(&config);
-            for warning in config.validate().map_err(|e| e.to_string())? {
+            for warning in idemgate::app::check::check(&config)? {
                 tracing::warn!("{warning}");
             }
             if args.relay {
-                check_outbox(&config)?;
                 runtime.block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
             } else {
                 runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
@@ -151,9 +150,7 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::CheckConfig(args) => {
             let config = args.load()?;
-            let mut warnings = config.validate().map_err(|e| e.to_string())?;
-            warnings.extend(check_outbox(&config)?);
-            for warning in warnings {
+            for warning in idemgate::app::check::check(&config)? {
                 eprintln!("warning: {warning}");
             }
             let printed = toml::to_string(&config).map_err(|e| e.to_string())?;
@@ -172,11 +169,10 @@ fn run(command: Command) -> Result<(), String> {
         Command::Relay(args) => {
             let config = args.database.load_with(args.admin_listen)?;
             idemgate::app::init_logging(&config);
-            for warning in config.validate().map_err(|e| e.to_string())? {
+            for warning in idemgate::app::check::check(&config)? {
                 tracing::warn!("{warning}");
             }
-            check_outbox(&config)?;
-            runtime.block_on(idemgate::outbox::relay::run_from_config(&config, idemgate::app::shutdown_signal()))
+            runtime.block_on(idemgate::app::relay::run(&config, idemgate::app::shutdown_signal()))
         }
         Command::Migrate(args) => {
             let grants = args.grants()?;
@@ -211,27 +207,4 @@ fn run(command: Command) -> Result<(), String> {
             })
         }
     }
-}
-
-/// What the relay builds from a config before it touches a database: the
-/// database URL's TLS settings (`sslmode`, a readable `sslrootcert`) and
-/// every destination's publisher (URL, headers, a readable `ca_file`).
-/// `relay` and `serve --relay` run it before they connect, so a broken
-/// destination stops them at once, never after the database answered;
-/// `check-config` runs the same, so what it accepts they accept. Returns
-/// warnings for what only the command line can still fix.
-fn check_outbox(config: &Config) -> Result<Vec<String>, String> {
-    let mut warnings = Vec::new();
-    match &config.relay.database_url {
-        Some(url) => drop(idemgate::postgres::Endpoint::parse(url.expose()).map_err(|e| e.to_string())?),
-        None if !config.destinations.is_empty() => warnings.push(
-            "destinations are configured but relay.database_url is not: relay and serve --relay need it (or --database-url)"
-                .to_string(),
-        ),
-        None => {}
-    }
-    if !config.destinations.is_empty() {
-        idemgate::outbox::publisher::HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
-    }
-    Ok(warnings)
 }

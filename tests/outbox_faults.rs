@@ -21,6 +21,7 @@
 
 mod support;
 
+use idemgate::outbox::retry::RetryPolicy;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -234,7 +235,7 @@ async fn a_destination_answering_503_for_a_long_stretch_loses_no_row_and_applies
         ("patient".to_string(), destination(&fx.sink, 10_000, Duration::from_secs(1))),
         ("brittle".to_string(), destination(&fx.sink, 4, Duration::from_millis(20))),
     ]);
-    let policies: BTreeMap<_, _> = destinations.iter().map(|(n, d)| (n.clone(), d.retry_policy())).collect();
+    let policies: BTreeMap<_, _> = destinations.iter().map(|(n, d)| (n.clone(), RetryPolicy::from(d))).collect();
     let relay = || {
         let publisher = HttpPublisher::new(&destinations).unwrap();
         Relay::new(fx.schema.database(4), publisher, policies.clone(), settings(LEASE))

@@ -9,6 +9,7 @@
 
 mod support;
 
+use idemgate::outbox::retry::RetryPolicy;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,7 +129,7 @@ fn relay(
 ) -> Relay<HttpPublisher> {
     let destinations =
         BTreeMap::from([("fast".to_string(), destination(sink.url())), ("slow".to_string(), destination(gate.url()))]);
-    let policies = destinations.iter().map(|(name, d)| (name.clone(), d.retry_policy())).collect();
+    let policies = destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
     let publisher = HttpPublisher::new(&destinations).unwrap();
     let settings = idemgate::outbox::relay::Settings { max_in_flight, ..settings(LEASE) };
     Relay::new(schema.database(4), publisher, policies, settings).with_metrics(metrics.clone())

@@ -17,6 +17,28 @@ fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(BINARY).args(args).envs(env.iter().copied()).output().expect("run idemgate")
 }
 
+/// Runs idemgate where it must exit by itself: a process still running
+/// after 20 s (a `serve` that started) is killed and reported as such.
+fn idemgate_exiting(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut child = Command::new(BINARY)
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run idemgate");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("idemgate {args:?} did not exit: it started instead of refusing the config");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 /// A gateway process on a free port; killed when dropped.
 struct GatewayProcess {
     child: Child,
@@ -87,7 +109,7 @@ impl Drop for GatewayProcess {
 fn check_config_prints_the_effective_config_with_secrets_redacted() {
     let output = idemgate(
         &["check-config", "--upstream", "http://127.0.0.1:9000", "--store", "redis://:hunter2@127.0.0.1:6379/0"],
-        &[("IDEMGATE__ADMIN__TOKEN", "s3cret"), ("IDEMGATE__GATEWAY__ON_UNKNOWN", "release")],
+        &[("IDEMGATE__ADMIN__TOKEN", "s3cret-0123456789abcdef"), ("IDEMGATE__GATEWAY__ON_UNKNOWN", "release")],
     );
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let printed = String::from_utf8_lossy(&output.stdout);
@@ -95,6 +117,28 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     assert!(!printed.contains("hunter2") && !printed.contains("s3cret"), "{printed}");
     let warnings = String::from_utf8_lossy(&output.stderr);
     assert!(warnings.contains("on_unknown"), "releasing lost outcomes is warned about: {warnings}");
+}
+
+/// What `serve` refuses, `check-config` refuses too, with the same message.
+#[test]
+fn check_config_refuses_what_serve_refuses() {
+    let upstream = ["--upstream", "http://127.0.0.1:9000"];
+    for (env, why) in [
+        (("IDEMGATE__ADMIN__TOKEN", "short"), "at least 16 characters"),
+        (("IDEMGATE__TLS__CERT_FILE", "/nonexistent/cert.pem"), "/nonexistent/cert.pem"),
+        (("IDEMGATE__STORE_ENCRYPTION__KEY_FILE", "/nonexistent/keys"), "store_encryption.key_file"),
+    ] {
+        let mut envs = vec![env];
+        if env.0 == "IDEMGATE__TLS__CERT_FILE" {
+            envs.push(("IDEMGATE__TLS__KEY_FILE", "/nonexistent/key.pem"));
+        }
+        for command in ["check-config", "serve"] {
+            let output = idemgate_exiting(&[&[command][..], &upstream].concat(), &envs);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{command} with {env:?}: {stderr}");
+            assert!(stderr.contains(why), "{command} with {env:?}: {stderr}");
+        }
+    }
 }
 
 #[test]

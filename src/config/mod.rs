@@ -473,19 +473,6 @@ pub struct StoreEncryptionConfig {
     pub key_file: Option<PathBuf>,
 }
 
-impl StoreEncryptionConfig {
-    /// The sealer these settings describe, if any.
-    pub fn sealer(&self) -> Result<Option<crate::store::sealing::Sealer>, String> {
-        let spec = match (&self.keys, &self.key_file) {
-            (Some(keys), _) => keys.expose().to_owned(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read store_encryption.key_file {}: {e}", path.display()))?,
-            (None, None) => return Ok(None),
-        };
-        crate::store::sealing::Sealer::from_spec(&spec).map(Some).map_err(|e| format!("store_encryption: {e}"))
-    }
-}
-
 /// Values from command-line flags, applied last.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -622,9 +609,6 @@ impl Config {
             if value.0.is_zero() {
                 return invalid(format!("gateway.{name} must be more than 0s"));
             }
-        }
-        if self.store_encryption.keys.is_some() {
-            self.store_encryption.sealer().map_err(ConfigError::Invalid)?;
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return invalid("tls needs both cert_file and key_file, or neither".into());

@@ -19,6 +19,8 @@
 //!   completion and failure are fenced on `attempts`.
 //! - [`retry`] — pure: outcome classes, backoff with full jitter, `Retry-After`.
 //! - [`publisher`] — the [`publisher::Publisher`] trait and the HTTP one.
+//! - [`check`] — what the relay checks in a config before it connects:
+//!   TLS settings, every destination as built, retry windows.
 //! - [`census`] — the backlog per destination, and rows of destinations the
 //!   relay does not have (*unroutable*): for gauges, logs and the admin API.
 //! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
@@ -50,6 +52,7 @@
 //!   (per customer, per order) rather than one key for a whole stream.
 
 pub mod census;
+pub mod check;
 pub mod claim;
 pub mod enqueue;
 pub mod listen;

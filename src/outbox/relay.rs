@@ -64,7 +64,7 @@ use super::{Database, OutboxError};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 
-pub use start::{Readiness, build, run_from_config};
+pub use start::Readiness;
 
 /// The longest a delivered row waits for others of its step before the
 /// deliveries are recorded together (in [`Relay::try_execute_batch`]; a

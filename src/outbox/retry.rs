@@ -23,6 +23,8 @@
 
 use std::time::Duration;
 
+use crate::config::DestinationConfig;
+
 /// A destination's retry policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -61,6 +63,12 @@ pub enum Next {
     RetryIn(Duration),
     /// Give up: mark it dead.
     Dead,
+}
+
+impl From<&DestinationConfig> for RetryPolicy {
+    fn from(d: &DestinationConfig) -> Self {
+        Self { base: d.backoff_base.0, max: d.backoff_max.0, max_attempts: d.max_attempts }
+    }
 }
 
 impl RetryPolicy {

@@ -19,6 +19,7 @@
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
 use super::{StoreError, codec};
+use crate::config::StoreEncryptionConfig;
 use crate::idempotency::{ScopedKey, StoredResponse};
 
 /// First byte of a sealed value (an unsealed encoding starts with its version, 1).
@@ -36,6 +37,18 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
+    /// The sealer a config's `store_encryption` describes, if any: its
+    /// `keys`, or else the keys in its `key_file`.
+    pub fn from_config(config: &StoreEncryptionConfig) -> Result<Option<Self>, String> {
+        let spec = match (&config.keys, &config.key_file) {
+            (Some(keys), _) => keys.expose().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read store_encryption.key_file {}: {e}", path.display()))?,
+            (None, None) => return Ok(None),
+        };
+        Self::from_spec(&spec).map(Some).map_err(|e| format!("store_encryption: {e}"))
+    }
+
     /// Parses `id:hex,id:hex,…`.
     pub fn from_spec(spec: &str) -> Result<Self, String> {
         let mut keys = Vec::new();

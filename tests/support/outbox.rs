@@ -56,7 +56,7 @@ impl Fixture {
     }
 
     pub fn policies(&self) -> BTreeMap<String, RetryPolicy> {
-        BTreeMap::from([(DESTINATION.to_string(), self.destination.retry_policy())])
+        BTreeMap::from([(DESTINATION.to_string(), RetryPolicy::from(&self.destination))])
     }
 
     /// A relay with its own pool.

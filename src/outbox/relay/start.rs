@@ -1,8 +1,8 @@
 //! Starting a relay whether or not its database is there.
 //!
-//! [`build`] turns the config into a relay without connecting: only what
-//! the config itself gets wrong (a URL, a TLS file, a destination) stops
-//! the start. [`Relay::start`] then waits for the database in the
+//! `crate::app::relay::build` turns the config into a relay without
+//! connecting: only what the config itself gets wrong (a URL, a TLS file, a
+//! destination) stops the start. [`Relay::start`] then waits for the database in the
 //! background — retrying with a backoff from 100 ms to 10 s, logging why
 //! (once, then every 30 s) — checks the schema version, and runs. So
 //! `idemgate relay` and `idemgate serve --relay` come up while the
@@ -15,18 +15,16 @@
 //! or denies the relay's role the schema (SQLSTATE classes `28`, `3D`,
 //! `42`) — see [`is_outage`].
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Relay, Settings};
-use crate::config::Config;
-use crate::outbox::publisher::{HttpPublisher, Publisher};
-use crate::outbox::{OutboxError, relay_sessions};
-use crate::postgres::{Database, Endpoint, Schema, migrate};
+use super::Relay;
+use crate::outbox::OutboxError;
+use crate::outbox::publisher::Publisher;
+use crate::postgres::{Endpoint, migrate};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -112,63 +110,5 @@ pub fn is_outage(error: &OutboxError) -> bool {
         OutboxError::Schema(_) | OutboxError::InvalidUrl(_) | OutboxError::Tls { .. } => false,
         OutboxError::Database(e) | OutboxError::Pool(deadpool_postgres::PoolError::Backend(e)) => !refused(e),
         _ => true,
-    }
-}
-
-/// The HTTP relay a config describes, and the endpoint it LISTENs on.
-/// Connects to nothing: see [`Relay::start`].
-pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>), String> {
-    let url = config.relay.database_url.as_ref().ok_or("the relay needs relay.database_url or --database-url")?;
-    if config.destinations.is_empty() {
-        return Err("the relay needs at least one [destinations.<name>] in the config file".into());
-    }
-    let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    // Parsed once: a bad sslmode or an unreadable sslrootcert stops the start here.
-    let endpoint = Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
-    let db =
-        Database::open(relay_sessions(endpoint.clone()), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
-    let publisher = HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
-    let policies = config.destinations.iter().map(|(name, d)| (name.clone(), d.retry_policy())).collect();
-    let listen = config.relay.listen.then_some(endpoint);
-    Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))
-}
-
-/// `idemgate relay`: runs the configured relay until `shutdown` resolves,
-/// with its admin listener (probes, metrics, dead and unroutable rows) on
-/// `admin_listen`. Fails at start on a bad config, and later only on a
-/// wrong schema.
-pub async fn run_from_config(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-    let (relay, listen) = build(config)?;
-    let access = crate::admin::AdminAccess::from_config(&config.admin)?;
-    let listener = crate::http::listener::bind(config.admin_listen).await?;
-    let admin = crate::admin::relay::RelayAdmin::new(
-        relay.database().clone(),
-        relay.metrics().clone(),
-        access,
-        relay.readiness().clone(),
-        relay.destinations().to_vec(),
-    );
-    // The admin listener outlives the relay's drain, so probes answer until the end.
-    let admin_stop = CancellationToken::new();
-    let admin_task =
-        tokio::spawn(crate::admin::relay::serve(listener, Arc::new(admin), admin_stop.clone().cancelled_owned()));
-    tracing::info!(destinations = config.destinations.len(), admin = %config.admin_listen, "idemgate relay running");
-    let stop = CancellationToken::new();
-    let mut running = tokio::spawn(relay.start(listen, stop.clone()));
-    tokio::pin!(shutdown);
-    let finished = tokio::select! {
-        finished = &mut running => finished,
-        () = &mut shutdown => {
-            tracing::info!("relay stopping: finishing what it holds");
-            stop.cancel();
-            running.await
-        }
-    };
-    admin_stop.cancel();
-    let _ = admin_task.await;
-    match finished {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
     }
 }

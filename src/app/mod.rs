@@ -1,4 +1,12 @@
-//! Wiring: config in, running gateway out. Shared by the binary and tests.
+//! Wiring: config in, running processes out. Shared by the binary and tests.
+//!
+//! - this module: the gateway (`serve`, `serve --relay`), logging, signals;
+//! - [`relay`]: `idemgate relay`;
+//! - [`check`]: everything a config is checked for before anything starts,
+//!   the same for `check-config`, `serve` and `relay`.
+
+pub mod check;
+pub mod relay;
 
 use std::sync::Arc;
 
@@ -36,7 +44,7 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
 /// only the relaying. A wrong schema (a deployment error) stops both.
 pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let gateway = build(config).await?;
-    let (relay, listen) = crate::outbox::relay::build(config)?;
+    let (relay, listen) = relay::build(config)?;
     // One /metrics for both halves.
     let relay = relay.with_metrics(gateway.metrics().clone());
     let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
@@ -80,7 +88,7 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
     if config.routes.is_empty() {
         return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
     }
-    let sealer = config.store_encryption.sealer()?.map(Arc::new);
+    let sealer = crate::store::sealing::Sealer::from_config(&config.store_encryption)?.map(Arc::new);
     let store = AnyStore::open(config.store.expose(), sealer)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;

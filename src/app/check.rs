@@ -1,0 +1,30 @@
+//! Everything a config is checked for before anything starts.
+//!
+//! [`Config::validate`] checks plain values; the rooms that use a value
+//! check what only their own code can (a route's upstream and CA file as
+//! the gateway builds it, a destination as the relay builds it, the store's
+//! sealing keys, the listener's certificate, the admin token). [`check`]
+//! runs them all, so `check-config` accepts exactly what `serve` and
+//! `relay` accept, and none of them starts on a config another would
+//! refuse.
+
+use crate::admin::AdminAccess;
+use crate::config::Config;
+use crate::gateway::routes::RouteTable;
+use crate::idempotency::StatusPolicy;
+use crate::store::sealing::Sealer;
+
+/// Checks `config` as every command would use it; returns the warnings
+/// (allowed but risky), or the first thing wrong, naming its field.
+pub fn check(config: &Config) -> Result<Vec<String>, String> {
+    let mut warnings = config.validate().map_err(|e| e.to_string())?;
+    Sealer::from_config(&config.store_encryption)?;
+    let g = &config.gateway;
+    RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)?;
+    if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
+        crate::http::tls::acceptor(cert, key)?;
+    }
+    AdminAccess::from_config(&config.admin)?;
+    warnings.extend(crate::outbox::check::check(config)?);
+    Ok(warnings)
+}
