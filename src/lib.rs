@@ -1,23 +1,29 @@
 //! idemgate makes retries safe.
 //!
-//! A map of the crate:
+//! A map of the crate, floor by floor. A room uses only rooms on its own
+//! floor or below; none reaches up (`python3 ../shared/tools/layering.py .`
+//! prints the graph from the code's `crate::` paths and checks it).
 //!
-//! - [`idempotency`] — the pure core: key parsing, tenant scoping, the
-//!   request fingerprint, the record and the decision table. No I/O.
-//! - [`store`] — the [`store::Store`] trait and its backends (embedded
-//!   memory, Redis, Redis Cluster, Postgres), all held to one conformance suite.
-//! - [`gateway`] — the reverse proxy: routing, the idempotency guard as a
-//!   tower service, forwarding to upstreams, RFC 9457 problem responses, and
-//!   the listener.
-//! - [`admin`] — the admin listener: health, readiness, metrics, and the
-//!   bearer-protected admin API.
-//! - [`metrics`] — the Prometheus metric set.
-//! - [`outbox`] — the transactional outbox relay on Postgres: migrations,
-//!   the enqueue helper, claiming with leases and fences, publishers, retry;
-//!   and the one way to reach Postgres (a URL parsed into the driver's
-//!   config and a rustls connector, `sslmode` as in libpq).
-//! - [`config`] — typed configuration from file, environment and flags.
-//! - [`demo`] — a toy payments API for `idemgate demo`.
+//! 1. The pure core — [`idempotency`]: key parsing, tenant scoping, the
+//!    request fingerprint, the record and the decision table. No I/O.
+//! 2. Plain, validated data — [`config`]: typed configuration from file,
+//!    environment and flags; it calls nothing but the core.
+//! 3. The infrastructure floor, knowing nothing of idempotency:
+//!    [`http`] (the pooled client, bodies, the one accept loop and its
+//!    per-connection limits, hop-by-hop headers, TLS), [`postgres`] (the
+//!    pool, schema name, `sslmode`, migrations), [`metrics`] (the
+//!    Prometheus set) and [`escape`] (outside text made safe for a log line).
+//! 4. The domain rooms: [`store`] (the [`store::Store`] trait and its
+//!    backends — embedded memory, Redis, Redis Cluster, Postgres — held to
+//!    one conformance suite), [`gateway`] (the reverse proxy: routing, the
+//!    idempotency guard, the request rewrite, RFC 9457 problems) and
+//!    [`outbox`] (the transactional outbox: enqueue, claims with leases and
+//!    fences, publishers, retry, the relay's lanes).
+//! 5. The admin surface — [`admin`]: health, readiness, metrics, and the
+//!    bearer-protected admin API of the gateway and the standalone relay.
+//! 6. Wiring — [`app`]: config in, running processes out, and the one
+//!    config check every command runs; [`demo`], the toy payments API of
+//!    `idemgate demo`; then the binary.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]

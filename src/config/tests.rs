@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn load(text: &str, env: &[(&str, &str)], flags: &Overrides) -> Result<Config, ConfigError> {

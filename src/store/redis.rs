@@ -30,6 +30,7 @@
 //! CAs instead of the bundled Mozilla roots).
 
 mod readiness;
+mod scripts;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,83 +39,13 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterConfig;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, Script, TlsCertificates, Value};
+use redis::{FromRedisValue, IntoConnectionInfo, TlsCertificates, Value};
 
 use super::sealing::{self, Sealer};
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
-
-// Every script reads the clock of Redis itself (`TIME`), so gateways with
-// skewed clocks agree on leases. An in-flight record keeps its lease end in
-// `until` and lives for two lease lengths: after `until` it counts as absent
-// for every purpose, but a begin with the same fingerprint within that
-// second lease length is recognised (and counted) as a takeover.
-const NOW: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-";
-
-// KEYS[1]; ARGV: fingerprint, fence, lease ms.
-const BEGIN: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
-local took = false
-if r[1] == 'i' and tonumber(r[5]) <= now then
-  took = (r[2] == ARGV[1])
-  r[1] = false
-end
-if not r[1] then
-  local lease = tonumber(ARGV[3])
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'st', 'i', 'fp', ARGV[1], 'fence', ARGV[2], 'until', now + lease)
-  redis.call('PEXPIRE', KEYS[1], 2 * lease)
-  if took then return 'taken_over' end
-  return 'acquired'
-end
-local remaining = 0
-if r[1] == 'i' then remaining = tonumber(r[5]) - now end
-return {r[1], r[2], r[3] or '', r[4] or false, remaining}
-";
-
-const GET: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'resp', 'until')
-if not r[1] then return false end
-local remaining = 0
-if r[1] == 'i' then
-  remaining = tonumber(r[5]) - now
-  if remaining <= 0 then return false end
-end
-return {r[1], r[2], r[3] or '', r[4] or false, remaining}
-";
-
-// The fenced transitions share one guard: the record is in flight under
-// ARGV[1] and its lease has not run out.
-const HELD: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence', 'until')
-if r[1] ~= 'i' or r[2] ~= ARGV[1] or tonumber(r[3]) <= now then return 0 end
-";
-
-// ARGV: fence, lease ms.
-const RENEW: &str = r"
-redis.call('HSET', KEYS[1], 'until', now + tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-return 1
-";
-
-// ARGV: fence, ttl ms, completion ('r' response, 'n' not kept, 'u' unknown), encoded response.
-const COMPLETE: &str = r"
-if ARGV[3] == 'u' then redis.call('HSET', KEYS[1], 'st', 'u') else redis.call('HSET', KEYS[1], 'st', 'c') end
-redis.call('HDEL', KEYS[1], 'until')
-if ARGV[3] == 'r' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-";
-
-// ARGV: fence.
-const RELEASE: &str = r"
-redis.call('DEL', KEYS[1])
-return 1
-";
+use scripts::Scripts;
 
 #[derive(Clone)]
 enum Connection {
@@ -162,14 +93,6 @@ impl Connection {
     fn never_sent(&self, error: &redis::RedisError) -> bool {
         matches!(self, Self::Single(_)) && error.is_connection_refusal()
     }
-}
-
-struct Scripts {
-    begin: Script,
-    get: Script,
-    renew: Script,
-    complete: Script,
-    release: Script,
 }
 
 /// See the module docs.
@@ -247,19 +170,7 @@ impl RedisStore {
                 .set_number_of_retries(0);
             Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
         };
-        let store = Self {
-            sealer: None,
-            connection,
-            scripts: Scripts {
-                begin: Script::new(&[NOW, BEGIN].concat()),
-                get: Script::new(&[NOW, GET].concat()),
-                renew: Script::new(&[NOW, HELD, RENEW].concat()),
-                complete: Script::new(&[NOW, HELD, COMPLETE].concat()),
-                release: Script::new(&[NOW, HELD, RELEASE].concat()),
-            },
-            prefix,
-            timeout,
-        };
+        let store = Self { sealer: None, connection, scripts: Scripts::new(), prefix, timeout };
         // One attempt now, so an outage at start is logged where it is seen;
         // a failed attempt also starts the connection's own reconnect.
         if let Err(e) = store.ping().await {

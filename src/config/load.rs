@@ -1,0 +1,111 @@
+//! Reading a config in layers: defaults, the TOML file, `IDEMGATE__…`
+//! environment variables, then command-line flags.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::gateway::{default_max_connections, default_methods, default_pool_idle_timeout, default_prefix};
+use super::{Config, ConfigError, ENV_PREFIX, RouteConfig, ServiceUrl};
+
+/// Values from command-line flags, applied last.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--admin-listen`.
+    pub admin_listen: Option<SocketAddr>,
+    /// `--store`.
+    pub store: Option<String>,
+    /// `--upstream`: one route `/` to this URL.
+    pub upstream: Option<String>,
+    /// `--database-url`.
+    pub database_url: Option<String>,
+}
+
+impl Config {
+    /// Loads file (if any), then `IDEMGATE__…` variables from `env`, then flags.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> Result<Self, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+                text.parse::<toml::Table>().map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in env {
+            if let Some(path) = name.strip_prefix(ENV_PREFIX) {
+                apply_env(&mut table, path, &value)?;
+            }
+        }
+        let mut config =
+            Config::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.apply(flags)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn apply(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
+        if let Some(listen) = flags.listen {
+            self.listen = listen;
+        }
+        if let Some(admin_listen) = flags.admin_listen {
+            self.admin_listen = admin_listen;
+        }
+        if let Some(store) = &flags.store {
+            self.store = ServiceUrl::new(store.clone());
+        }
+        if let Some(url) = &flags.database_url {
+            self.relay.database_url = Some(ServiceUrl::new(url.clone()));
+        }
+        if let Some(upstream) = &flags.upstream {
+            if !self.routes.is_empty() {
+                return Err(ConfigError::Invalid("--upstream cannot be combined with [[routes]] in the config file; add the upstream as a route instead".into()));
+            }
+            self.routes.push(RouteConfig {
+                name: "default".into(),
+                prefix: default_prefix(),
+                upstream: upstream.clone(),
+                methods: default_methods(),
+                require_key: false,
+                keep_host: false,
+                ca_file: None,
+                max_connections: default_max_connections(),
+                release_statuses: None,
+                on_unknown: None,
+                pool_idle_timeout: default_pool_idle_timeout(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Sets `a.b.c = value` for `IDEMGATE__A__B__C=value`; the value is read as
+/// a TOML value when it parses as one (`10`, `true`, `["a"]`), else as a string.
+fn apply_env(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), ConfigError> {
+    let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+    if segments.iter().any(String::is_empty) {
+        return Err(ConfigError::Parse(format!("environment variable {ENV_PREFIX}{path}: empty path segment")));
+    }
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let (last, parents) = segments.split_last().ok_or_else(|| ConfigError::Parse("empty environment path".into()))?;
+    let mut current = table;
+    for segment in parents {
+        let entry = current.entry(segment.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry.as_table_mut().ok_or_else(|| {
+            ConfigError::Parse(format!("environment variable {ENV_PREFIX}{path}: {segment} is not a section"))
+        })?;
+    }
+    current.insert(last.clone(), value);
+    Ok(())
+}

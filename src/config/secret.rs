@@ -1,0 +1,91 @@
+//! Values that must never be printed whole: secrets, and service URLs
+//! whose password is redacted wherever they are shown.
+
+use serde::{Deserialize, Serialize, Serializer};
+
+/// A value that must never appear in logs or printed configs.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The secret itself; call only where it is used.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("[redacted]")
+    }
+}
+
+/// A store or database URL; its password is redacted when printed.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct ServiceUrl(String);
+
+impl ServiceUrl {
+    /// Wraps a URL.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The URL with its password; call only where a connection is made.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The scheme, lower-cased (`memory`, `redis`, …).
+    pub fn scheme(&self) -> String {
+        self.0.split("://").next().unwrap_or("").to_ascii_lowercase()
+    }
+    /// The URL with any `user:password@` password replaced, and any
+    /// `password=` in its query (libpq lets a database URL carry it there).
+    pub fn redacted(&self) -> String {
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return self.0.clone();
+        };
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let tail = redact_query(tail);
+        match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => {
+                let user = userinfo.split(':').next().unwrap_or("");
+                format!("{scheme}://{user}:[redacted]@{hosts}{tail}")
+            }
+            None => format!("{scheme}://{authority}{tail}"),
+        }
+    }
+}
+
+/// `path?query` with the value of every `password=` parameter replaced.
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_string();
+    };
+    let pairs: Vec<&str> =
+        query.split('&').map(|pair| if pair.starts_with("password=") { "password=[redacted]" } else { pair }).collect();
+    format!("{path}?{}", pairs.join("&"))
+}
+
+impl std::fmt::Debug for ServiceUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Serialize for ServiceUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}

@@ -1,0 +1,151 @@
+//! What parsing alone cannot check: each value on its own and against the
+//! others (a lease shorter than the key TTL, a budget below the body
+//! limit). Checks that need a room's own code (a route's CA file, a
+//! destination's headers as the relay builds them) are that room's, run
+//! together by `crate::app::check`.
+
+use std::time::Duration;
+
+use super::{AdminAuth, Config, ConfigError, OnUnknown};
+
+impl Config {
+    /// Checks what parsing alone cannot; returns warnings for choices that
+    /// are allowed but risky.
+    pub fn validate(&self) -> Result<Vec<String>, ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let g = &self.gateway;
+        let mut warnings = Vec::new();
+        if !["memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "postgres", "postgresql"]
+            .contains(&self.store.scheme().as_str())
+        {
+            return invalid(format!(
+                "store {:?}: the scheme must be memory://, redis://, rediss://, redis+cluster:// or postgres://",
+                self.store.redacted()
+            ));
+        }
+        if g.lease.0 < Duration::from_millis(100) {
+            return invalid(format!("gateway.lease = {}: must be at least 100ms", g.lease));
+        }
+        if g.key_ttl.0 < g.lease.0 {
+            return invalid(format!(
+                "gateway.key_ttl = {} must not be shorter than gateway.lease = {}",
+                g.key_ttl, g.lease
+            ));
+        }
+        if g.upstream_deadline.0 < g.upstream_timeout.0 {
+            return invalid(format!(
+                "gateway.upstream_deadline = {} must not be shorter than gateway.upstream_timeout = {}",
+                g.upstream_deadline, g.upstream_timeout
+            ));
+        }
+        let releasing = std::iter::once(("gateway", g.on_unknown))
+            .chain(self.routes.iter().filter_map(|r| Some((r.name.as_str(), r.on_unknown?))))
+            .filter(|(_, on_unknown)| *on_unknown == OnUnknown::Release);
+        for (name, _) in releasing {
+            warnings.push(format!(
+                "{name}: on_unknown = \"release\" lets a retry run again a request whose outcome was lost (sent, then no answer): safe only if the upstream deduplicates on the forwarded Idempotency-Key"
+            ));
+        }
+        if g.connection_body_budget.0 < g.max_request_body.0 {
+            return invalid(format!(
+                "gateway.connection_body_budget = {} must be at least gateway.max_request_body = {}",
+                g.connection_body_budget, g.max_request_body
+            ));
+        }
+        // Above these hyper refuses on its own, with a bare status and no problem body.
+        if g.max_uri_bytes.0 > 60 << 10 || g.max_header_bytes.0 > 256 << 10 {
+            return invalid(
+                "gateway.max_uri_bytes is at most 60KiB and gateway.max_header_bytes at most 256KiB".into(),
+            );
+        }
+        if g.max_streams_per_connection == 0 {
+            return invalid("gateway.max_streams_per_connection must be at least 1".into());
+        }
+        for (name, value) in [
+            ("header_read_timeout", g.header_read_timeout),
+            ("request_body_timeout", g.request_body_timeout),
+            ("idle_timeout", g.idle_timeout),
+        ] {
+            if value.0.is_zero() {
+                return invalid(format!("gateway.{name} must be more than 0s"));
+            }
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return invalid("tls needs both cert_file and key_file, or neither".into());
+        }
+        if self.admin.auth == AdminAuth::Disabled && !self.admin_listen.ip().is_loopback() {
+            return invalid(format!(
+                "admin.auth = \"disabled\" is only allowed on a loopback admin_listen, not {}",
+                self.admin_listen
+            ));
+        }
+        if g.max_connections == 0 {
+            return invalid("gateway.max_connections must be at least 1".into());
+        }
+        let sources = [&g.tenant.from, &g.tenant.header, &g.tenant.fixed].iter().filter(|s| s.is_some()).count();
+        if sources != 1 {
+            return invalid("gateway.tenant must set exactly one of from = \"authorization\", header = \"<name>\" or fixed = \"<tenant>\"".into());
+        }
+        if let Some(from) = &g.tenant.from
+            && from != "authorization"
+        {
+            return invalid(format!("gateway.tenant.from = {from:?}: the only source is \"authorization\""));
+        }
+        if let Some(header) = &g.tenant.header
+            && http::HeaderName::from_bytes(header.as_bytes()).is_err()
+        {
+            return invalid(format!("gateway.tenant.header = {header:?} is not a valid header name"));
+        }
+        for name in g.fingerprint_headers.iter().chain(&g.response_header_deny) {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return invalid(format!("{name:?} is not a valid header name"));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for route in &self.routes {
+            if !names.insert(route.name.as_str()) {
+                return invalid(format!("two routes are named {:?}", route.name));
+            }
+            if !route.prefix.starts_with('/') {
+                return invalid(format!("route {:?}: prefix {:?} must start with '/'", route.name, route.prefix));
+            }
+            check_upstream_url(&route.upstream)
+                .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", route.name)))?;
+            if !(1..=65_536).contains(&route.max_connections) {
+                return invalid(format!("route {:?}: max_connections must be between 1 and 65536", route.name));
+            }
+            for method in &route.methods {
+                if http::Method::from_bytes(method.as_bytes()).is_err() {
+                    return invalid(format!("route {:?}: {method:?} is not an HTTP method", route.name));
+                }
+            }
+        }
+        let release_lists =
+            std::iter::once(&g.release_statuses).chain(self.routes.iter().filter_map(|r| r.release_statuses.as_ref()));
+        for status in release_lists.flatten() {
+            if !(100..500).contains(status) {
+                return invalid(format!(
+                    "release_statuses: {status} must be a status below 500 (every 5xx always releases)"
+                ));
+            }
+        }
+        super::relay::validate(&self.relay, &self.destinations, &mut warnings)?;
+        Ok(warnings)
+    }
+}
+
+/// Checks that an upstream is an absolute `http`/`https` URL with a host.
+pub fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("upstream {url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("upstream {url:?} must start with http:// or https://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("upstream {url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("upstream {url:?} must not have a query"));
+    }
+    Ok(uri)
+}
