@@ -1,0 +1,11 @@
+"""idemgate's load-test harness, run by load-tests/run (see load-tests/README.md).
+
+shared        paths, the binaries (chosen at run time), the run's nonce, Processes, /proc readers
+setup         wrk and nginx, the cargo builds, the gateway scenarios' servers (Stack)
+measuring     wrk and `lt`, the Runner that measures and keeps every result
+gateway       P1–P6 and P10
+outbox_stack  PostgreSQL schemas, sinks and relays for the outbox scenarios
+outbox        P7–P9 and R1
+report        the Markdown results file
+cli           the command line and the run itself
+"""

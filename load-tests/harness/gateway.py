@@ -1,0 +1,198 @@
+"""The gateway's scenarios, P1–P6 and P10 (PERFORMANCE.md), against one set of servers.
+
+P1–P4 throughput (wrk, interleaved with their references), P5 correctness
+(`lt burst` on one key, memory and Redis), P6 latency at a fixed rate
+(`lt rate`), P10 memory at 1,000 connections (`lt hold`, then wrk).
+gateway_scenarios starts the servers once for all of them and returns
+P5's verdict, the one result that fails a run.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+
+from . import shared
+from .shared import NONCE, free_port, rss_kib, say
+from .measuring import lt, met_if, ratio_of, summarize, wrk
+
+
+def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
+    """P1–P6 and P10: the gateway's servers, started once for all of them. Returns P5's verdict."""
+    correct = True
+    say(f"starting servers (logs in {workdir})")
+    if nginx:
+        up = stack.start_nginx("upstream", 'server { listen 127.0.0.1:PORT; location / { return 200 "ok"; } }')
+    else:
+        up = free_port()
+        stack.pids["upstream"] = procs.start("upstream", [str(shared.LT), "upstream", "--listen", f"127.0.0.1:{up}",
+                                                          "--count", "0", "--lifetime-ms", "3600000"], up).pid
+        stack.ports["upstream"] = up
+    if nginx:
+        stack.start_nginx("nginx-proxy", f"""
+  upstream backend {{ server 127.0.0.1:{up}; keepalive 64; keepalive_requests 1000000; }}
+  server {{ listen 127.0.0.1:PORT; location / {{
+    proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
+    stack.redis_url = stack.start_redis()
+    stack.start_gateway("gw-memory", "memory://?max_entries=10000000&max_bytes=2GiB", up)
+    stack.start_gateway("gw-redis", stack.redis_url, up)
+    if any(wanted(s) for s in ("P1", "P2", "P3", "P4")):
+        throughput(runner, stack, bool(nginx), wanted)
+    if wanted("P5"):
+        correct = correctness(runner, stack, procs)
+    if wanted("P6"):
+        fixed_rate(runner, stack, bool(nginx))
+    if wanted("P10"):
+        memory_at_connections(runner, stack, procs)
+    # Idle, but they hold ports and memory: stopped before the outbox scenarios run.
+    procs.stop_all()
+    return correct
+
+
+def throughput(runner, stack, has_nginx, wanted):
+    up = stack.ports["upstream"]
+    gw_mem, gw_redis = stack.ports["gw-memory"], stack.ports["gw-redis"]
+    px = stack.ports.get("nginx-proxy")
+    get = {"LT_METHOD": "GET", "LT_KEYS": "none"}
+    post = {"LT_METHOD": "POST", "LT_KEYS": "none"}
+    unique = {"LT_METHOD": "POST", "LT_KEYS": "unique"}
+    space = "100" if runner.args.smoke else "1000"
+    cycle = {"LT_METHOD": "POST", "LT_KEYS": "cycle", "LT_SPACE": space, "LT_PREFIX": f"replay-{NONCE}"}
+
+    if wanted("P1"):
+        p1(runner, up, px, gw_mem, get, has_nginx)
+    if wanted("P2"):
+        say("P2 first requests, unique keys, memory store")
+        r = runner.interleaved("P2", [("passthrough POST (no key)", gw_mem, post),
+                                      ("guarded POST, memory", gw_mem, {**unique, "LT_PREFIX": f"p2-{NONCE}"})])
+        sub, ref = r["guarded POST, memory"], r["passthrough POST (no key)"]
+        runner.row("P2", "unique keys, memory store", sub, ("passthrough POST", ref), ratio_of(sub, ref),
+                   "≥ 0.8 × passthrough", met_if(sub, ref, 0.8))
+    for sid, what in (("P3", "unique keys, Redis store"), ("P4", "replays, Redis store")):
+        if wanted(sid) and not has_nginx:
+            runner.row(sid, what, None, note="skipped: nginx (the reference) is not installed")
+    if wanted("P3") and has_nginx:
+        say("P3 first requests, unique keys, Redis store")
+        r = runner.interleaved("P3", [("nginx proxy POST", px, {**unique, "LT_PREFIX": f"p3n-{NONCE}"}),
+                                      ("guarded POST, Redis", gw_redis, {**unique, "LT_PREFIX": f"p3-{NONCE}"})])
+        sub, ref = r["guarded POST, Redis"], r["nginx proxy POST"]
+        runner.row("P3", "unique keys, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref),
+                   "≥ 0.6 × nginx", met_if(sub, ref, 0.6))
+    if wanted("P4") and has_nginx:
+        say(f"P4 replays of completed keys, Redis store ({space} keys per wrk thread, completed first)")
+        wrk(gw_redis, max(1, runner.args.warmup), runner.args, cycle)  # complete every key once
+        r = runner.interleaved("P4", [("nginx proxy POST", px, cycle), ("replays, Redis", gw_redis, cycle)])
+        sub, ref = r["replays, Redis"], r["nginx proxy POST"]
+        runner.row("P4", "replays, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.0 × nginx",
+                   met_if(sub, ref, 1.0))
+
+
+def p1(runner, up, px, gw_mem, get, has_nginx):
+    say("P1 passthrough: unguarded GET")
+    targets = [("direct upstream", up, get), ("idemgate passthrough", gw_mem, get)]
+    if has_nginx:
+        targets.insert(1, ("nginx proxy", px, get))
+    r = runner.interleaved("P1", targets)
+    ref = r.get("nginx proxy")
+    runner.row("P1", "passthrough GET", r["idemgate passthrough"], ref and ("nginx", ref),
+               ratio_of(r["idemgate passthrough"], ref), "≥ 1.0 × nginx", met_if(r["idemgate passthrough"], ref, 1.0))
+    runner.row("P1", "(ceiling) direct GET", r["direct upstream"])
+
+
+def fixed_rate(runner, stack, has_nginx):
+    rate = 2000
+    seconds = runner.args.duration
+    say(f"P6 added latency at a fixed {rate} req/s, unique keys, Redis store ({seconds}s per measurement)")
+    if not has_nginx:
+        runner.row("P6", f"p99 at {rate} req/s, Redis", None, note="skipped: nginx is not installed (reference)")
+        return
+    targets = [("nginx proxy POST", stack.ports["nginx-proxy"]), ("guarded POST, Redis", stack.ports["gw-redis"])]
+    results = {label: [] for label, _ in targets}
+    for round_ in range(runner.args.rounds):
+        for label, port in (targets if round_ % 2 == 0 else list(reversed(targets))):
+            argv = ["rate", "--target", f"127.0.0.1:{port}", "--rate", str(rate), "--duration-ms",
+                    str(int(seconds * 1000)), "--warmup-ms", str(int(runner.args.warmup * 1000)), "--connections",
+                    "64", "--keys", "unique", "--prefix", f"p6-{round_}-{port}-{NONCE}"]
+            before = runner.cpu()
+            r = lt(argv, seconds + 60, runner.args.pin and runner.args.pin_generator)
+            after = runner.cpu()
+            server = next(name for name, p in stack.ports.items() if p == port)
+            sent = max(1, r["sent"] * (1 + runner.args.warmup / seconds))  # warm-up requests ran too
+            r.update(scenario="P6", target=label, server=server, rps=r["ok"] / r["duration_s"], errors=r["errors"],
+                     status_errors=r["non_2xx"], load=os.getloadavg()[0],
+                     cpu_us_per_req={n: round((after[n] - before[n]) * 1e6 / sent, 1) for n in after})
+            runner.raw.append(r)
+            results[label].append(r)
+            print(f"   P6 {label:<28} {r['rps']:>9.0f} req/s  p50 {r['p50_us'] / 1000:6.2f} ms"
+                  f"  p99 {r['p99_us'] / 1000:6.2f} ms  p99.9 {r['p999_us'] / 1000:6.2f} ms", flush=True)
+    sub, ref = summarize(results["guarded POST, Redis"]), summarize(results["nginx proxy POST"])
+    added = (sub["p99_us"] - ref["p99_us"]) / 1000
+    runner.row("P6", f"p99 at {rate} req/s, Redis", sub, ("nginx POST", ref), None,
+               "p99 ≤ nginx p99 + 1 ms", added <= 1.0, note=f"added p99: {added:+.2f} ms")
+
+
+def correctness(runner, stack, procs):
+    keys = 5 if runner.args.smoke else 20
+    say(f"P5 64 concurrent requests on one key, 3 rounds, {keys} keys, memory and Redis stores")
+    ok_all = True
+    for store_name, store in (("memory", "memory://"), ("Redis", stack.redis_url)):
+        port = free_port()
+        counter = procs.start(f"counting-{store_name}", [str(shared.LT), "upstream", "--listen", f"127.0.0.1:{port}",
+                                                         "--delay-ms", "50", "--lifetime-ms", "600000"], port)
+        gw_port = stack.start_gateway(f"gw-p5-{store_name.lower()}", store, port)
+        try:
+            burst = lt(["burst", "--target", f"127.0.0.1:{gw_port}", "--keys", str(keys), "--concurrency", "64",
+                        "--rounds", "3", "--prefix", f"p5-{store_name}-{NONCE}"], 120)
+            counts = json.loads(subprocess.run(["curl", "-s", f"http://127.0.0.1:{port}/__counts"],
+                                               capture_output=True, text=True, timeout=10).stdout)
+        finally:
+            procs.stop(counter)
+        bad_status = {s: n for s, n in burst["status"].items() if s not in ("201", "409")}
+        ok = (counts["calls"] == keys and counts["max_per_key"] == 1 and counts["keys"] == keys
+              and not bad_status and burst["errors"] == 0)
+        ok_all &= ok
+        statuses = ", ".join(f"{n}×{s}" for s, n in burst["status"].items())
+        note = (f"{burst['requests']} requests → {counts['calls']} upstream calls for {counts['keys']} keys "
+                f"(max {counts['max_per_key']}/key); {statuses} ({burst['replays']} of them replays); "
+                f"{burst['errors']} transport errors")
+        print(f"   P5 {store_name}: {'ok' if ok else 'FAILED'}: {note}", flush=True)
+        runner.raw.append({"scenario": "P5", "target": store_name, "burst": burst, "upstream": counts})
+        runner.row("P5", f"one key × 64 concurrent, {store_name}", None, None, None,
+                   "1 upstream call per key; only 409 besides success", ok, note)
+    return ok_all
+
+
+def memory_at_connections(runner, stack, procs):
+    n = 1000
+    hold = 3000
+    say(f"P10 gateway RSS at {n} open connections (Redis store)")
+    port = stack.start_gateway("gw-p10", stack.redis_url, stack.ports["upstream"])
+    pid = stack.pids["gw-p10"]
+    try:
+        subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/"], timeout=10)
+        base = rss_kib(pid)
+        holder = subprocess.Popen([str(shared.LT), "hold", "--target", f"127.0.0.1:{port}", "--connections", str(n),
+                                   "--hold-ms", str(hold)], stdout=subprocess.PIPE, text=True)
+        line = holder.stdout.readline()
+        idle = rss_kib(pid)
+        holder.wait(timeout=hold / 1000 + 30)
+        if not line.strip():
+            raise RuntimeError("lt hold did not open its connections")
+        seconds = max(1, min(3, runner.args.duration))
+        active_settings = argparse.Namespace(**{**vars(runner.args), "connections": n, "threads": 2})
+        result = wrk(port, seconds, active_settings, {"LT_METHOD": "POST", "LT_KEYS": "unique",
+                                                      "LT_PREFIX": f"p10-{NONCE}"})
+        peak = rss_kib(pid, "VmHWM")
+    finally:
+        procs.stop(next(p for p in procs.procs if p.pid == pid))
+    raw = {"scenario": "P10", "target": "gateway", "rss_start_kib": base, "rss_idle_kib": idle,
+           "rss_peak_kib": peak, "active": result}
+    runner.raw.append(raw)
+    mib = lambda k: k / 1024
+    print(f"   P10 start {mib(base):.1f} MiB, {n} idle connections {mib(idle):.1f} MiB, peak with {n} active "
+          f"{mib(peak):.1f} MiB ({result['rps']:.0f} req/s, {result['errors'] + result['status_errors']} errors)",
+          flush=True)
+    runner.row("P10", f"RSS, {n} idle connections", None, None, None, "≤ 64 MiB", mib(idle) <= 64,
+               f"{mib(idle):.1f} MiB (at start {mib(base):.1f} MiB)")
+    runner.row("P10", f"peak RSS, {n} active connections", None, None, None, "≤ 64 MiB", mib(peak) <= 64,
+               f"{mib(peak):.1f} MiB (VmHWM; guarded POST, Redis, {result['rps']:.0f} req/s)")
