@@ -98,7 +98,7 @@ async fn a_second_begin_on_a_held_key_reports_it_in_flight<S: Store>(store: Arc<
     };
     assert_eq!((fingerprint, fence), (fp, first), "the record is the first attempt's");
     assert!(!lease_remaining.is_zero() && lease_remaining <= LEASE, "lease_remaining {lease_remaining:?}");
-    assert!(matches!(decide(Some(&record), &fp), Decision::InFlight { .. }));
+    assert!(matches!(decide(&record, &fp), Decision::InFlight { .. }));
 }
 
 async fn another_fingerprint_on_an_in_flight_key_is_a_mismatch<S: Store>(store: Arc<S>) {
@@ -106,7 +106,7 @@ async fn another_fingerprint_on_an_in_flight_key_is_a_mismatch<S: Store>(store: 
     let first = acquire(&*store, &key, &fp, LEASE).await;
     let record = existing(&*store, &key, &other).await;
     assert!(matches!(record, Record::InFlight { fingerprint, fence, .. } if fingerprint == fp && fence == first));
-    assert_eq!(decide(Some(&record), &other), Decision::Mismatch);
+    assert_eq!(decide(&record, &other), Decision::Mismatch);
     let after = store.get(&key).await.unwrap();
     assert!(
         matches!(after, Some(Record::InFlight { fingerprint, fence, .. }) if fingerprint == fp && fence == first),
@@ -124,7 +124,7 @@ async fn another_fingerprint_on_a_completed_key_is_a_mismatch<S: Store>(store: A
     assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     let record = existing(&*store, &key, &other).await;
     assert_eq!(*record.fingerprint(), fp);
-    assert_eq!(decide(Some(&record), &other), Decision::Mismatch);
+    assert_eq!(decide(&record, &other), Decision::Mismatch);
     assert!(matches!(store.get(&key).await.unwrap(), Some(Record::Completed { .. })), "still completed");
 }
 
@@ -135,7 +135,7 @@ async fn a_completed_key_replays_the_byte_identical_response<S: Store>(store: Ar
     let expected = Record::Completed { fingerprint: fp, response: Some(response.clone()) };
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, expected);
-    assert_eq!(decide(Some(&record), &fp), Decision::Replay(&response));
+    assert_eq!(decide(&record, &fp), Decision::Replay(&response));
     assert_eq!(store.get(&key).await.unwrap(), Some(expected));
 }
 
@@ -145,7 +145,7 @@ async fn an_empty_response_is_kept_as_a_response<S: Store>(store: Arc<S>) {
     let fence = acquire(&*store, &key, &fp, LEASE).await;
     assert!(store.complete(&key, fence, Completion::Response(&empty), TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
-    assert_eq!(decide(Some(&record), &fp), Decision::Replay(&empty), "an empty body is not a missing response");
+    assert_eq!(decide(&record, &fp), Decision::Replay(&empty), "an empty body is not a missing response");
 }
 
 async fn a_completion_without_a_response_is_not_replayable<S: Store>(store: Arc<S>) {
@@ -154,7 +154,7 @@ async fn a_completion_without_a_response_is_not_replayable<S: Store>(store: Arc<
     assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, Record::Completed { fingerprint: fp, response: None });
-    assert_eq!(decide(Some(&record), &fp), Decision::NotReplayable);
+    assert_eq!(decide(&record, &fp), Decision::NotReplayable);
 }
 
 async fn an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged<S: Store>(store: Arc<S>) {
@@ -163,8 +163,8 @@ async fn an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged<S: Store
     assert!(store.complete(&key, fence, Completion::Unknown, TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, Record::Unknown { fingerprint: fp });
-    assert_eq!(decide(Some(&record), &fp), Decision::OutcomeUnknown);
-    assert_eq!(decide(Some(&existing(&*store, &key, &other).await), &other), Decision::Mismatch);
+    assert_eq!(decide(&record, &fp), Decision::OutcomeUnknown);
+    assert_eq!(decide(&existing(&*store, &key, &other).await, &other), Decision::Mismatch);
     assert!(!store.release(&key, fence).await.unwrap(), "an unknown record is no longer in flight");
     assert!(!store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "nor completable again");
     assert_eq!(store.get(&key).await.unwrap(), Some(Record::Unknown { fingerprint: fp }));

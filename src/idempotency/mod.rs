@@ -14,7 +14,7 @@ pub mod key;
 pub mod record;
 pub mod scope;
 
-pub use decision::{Decision, StatusPolicy, decide};
+pub use decision::{Admission, Decision, StatusPolicy, admit, decide};
 pub use fingerprint::{Fingerprint, FingerprintPolicy};
 pub use key::{IdempotencyKey, KeyError};
 pub use record::{Completion, Fence, Record, StoredResponse};

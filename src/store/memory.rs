@@ -43,7 +43,7 @@ use budget::Budget;
 
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ByteSize;
-use crate::idempotency::{Completion, Decision, Fence, Fingerprint, Record, ScopedKey, StoredResponse, decide};
+use crate::idempotency::{Admission, Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse, admit};
 
 const SHARDS: usize = 64;
 
@@ -257,12 +257,9 @@ impl Store for MemoryStore {
                 matches!(e.state, State::InFlight { .. }) && e.expires_at <= now && e.fingerprint == *fingerprint
             });
             let record = shard.live(key, now).map(|e| e.to_record(now));
-            let took_over = match decide(record.as_ref(), fingerprint) {
-                Decision::Start => lapsed,
-                Decision::TakeOver => true,
-                _ => {
-                    return Ok(Begin::Existing(record.ok_or(StoreError::Corrupt("decision without record".into()))?));
-                }
+            let took_over = match admit(record, fingerprint) {
+                Admission::Acquire { took_over } => took_over || lapsed,
+                Admission::Existing(record) => return Ok(Begin::Existing(record)),
             };
             if now >= shard.next_sweep {
                 shard.sweep(now, self.sweep_every, &self.budgets);

@@ -14,7 +14,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Answer;
-use crate::config::{ForwardKey, OnUnknown};
+use super::rules::{self, Settle};
+use crate::config::ForwardKey;
 use crate::gateway::headers::{clean_response_head, headers_to_store};
 use crate::gateway::problem::Problem;
 use crate::gateway::rewrite::rewrite;
@@ -45,16 +46,6 @@ pub(super) enum Forward {
         status: Option<StatusCode>,
         error: UpstreamError,
     },
-}
-
-/// What an attempt does to its record at the end.
-pub(super) enum Settlement {
-    /// The upstream acted: keep its response (or the fact, when too large).
-    Complete(Option<StoredResponse>),
-    /// Nobody knows whether the upstream acted: hold the key.
-    Unknown,
-    /// The upstream provably did not act, or said so: a retry runs again.
-    Release,
 }
 
 /// One guarded request's dealings with the store and the upstream.
@@ -115,8 +106,8 @@ impl<S: Store> Attempt<S> {
             Err(error) => Forward::Failed { status: None, error },
         };
         drop(body);
-        let (settlement, outcome, response) = self.conclude(forward);
-        self.settle(&mut renewed_at, settlement).await;
+        let (settle, stored, outcome, response) = self.conclude(forward);
+        self.settle(&mut renewed_at, settle, stored).await;
         if reply.is_none() {
             tracing::info!(
                 route = %self.route.name,
@@ -177,47 +168,29 @@ impl<S: Store> Attempt<S> {
         }
     }
 
-    /// The one settlement rule: what the record becomes, and what the
-    /// client hears.
-    fn conclude(&self, forward: Forward) -> (Settlement, Outcome, Response<ResponseBody>) {
-        let stores = |status: StatusCode| self.route.status_policy.stores(status.as_u16());
-        let (error, status) = match forward {
-            Forward::Answered(buffered) if !stores(buffered.head.status) => {
-                return (Settlement::Release, Outcome::Released, respond(buffered));
-            }
+    /// What the record becomes ([`rules`]), the record's response, what
+    /// the client hears.
+    fn conclude(&self, forward: Forward) -> (Settle, Option<StoredResponse>, Outcome, Response<ResponseBody>) {
+        let route = &self.route;
+        match forward {
             Forward::Answered(buffered) => {
-                let stored = buffered.rest.is_none().then(|| StoredResponse {
+                let whole = buffered.rest.is_none();
+                let (settle, outcome) =
+                    rules::settle_answer(buffered.head.status.as_u16(), whole, &route.status_policy);
+                let stored = (settle == Settle::Complete { keep_response: true }).then(|| StoredResponse {
                     status: buffered.head.status.as_u16(),
                     headers: headers_to_store(&buffered.head.headers, &self.gateway.policy.response_header_deny),
                     body: buffered.prefix.clone(),
                 });
-                return (Settlement::Complete(stored), Outcome::Forwarded, respond(buffered));
+                (settle, stored, outcome, respond(buffered))
             }
-            Forward::Failed { status, error } => (error, status),
-        };
-        tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "upstream failed");
-        match status {
-            // A head that says the upstream acted, then a broken body: the
-            // effect happened, so the key must not run again.
-            Some(status) if stores(status) => {
-                (Settlement::Complete(None), Outcome::UpstreamError, Problem::ResponseIncomplete.to_response())
+            Forward::Failed { status, error } => {
+                tracing::warn!(route = %route.name, key = self.hashed.as_deref(), error = %error, "upstream failed");
+                let status = status.map(|s| s.as_u16());
+                let (settle, outcome, problem) =
+                    rules::settle_failure(status, error.may_have_been_sent(), &route.status_policy, route.on_unknown);
+                (settle, None, outcome, problem.to_response())
             }
-            Some(_) => {
-                (Settlement::Release, Outcome::UpstreamError, Problem::UpstreamUnavailable { sent: true }.to_response())
-            }
-            None if !error.may_have_been_sent() => (
-                Settlement::Release,
-                Outcome::UpstreamError,
-                Problem::UpstreamUnavailable { sent: false }.to_response(),
-            ),
-            None => match self.route.on_unknown {
-                OnUnknown::Hold => {
-                    (Settlement::Unknown, Outcome::Unknown, Problem::OutcomeUnknown { held: true }.to_response())
-                }
-                OnUnknown::Release => {
-                    (Settlement::Release, Outcome::Unknown, Problem::OutcomeUnknown { held: false }.to_response())
-                }
-            },
         }
     }
 
@@ -262,13 +235,13 @@ impl<S: Store> Attempt<S> {
     /// the lease holds: a record left in flight would let a retry take over
     /// and run the request again once the lease ends, so a store blip
     /// shorter than the lease must never get that far.
-    async fn settle(&self, renewed_at: &mut Instant, settlement: Settlement) {
+    async fn settle(&self, renewed_at: &mut Instant, settle: Settle, stored: Option<StoredResponse>) {
         let gateway = &self.gateway;
         let (lease, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
-        let (operation, completion) = match &settlement {
-            Settlement::Complete(response) => ("complete", Some(Completion::from_response(response.as_ref()))),
-            Settlement::Unknown => ("complete", Some(Completion::Unknown)),
-            Settlement::Release => ("release", None),
+        let (operation, completion) = match settle {
+            Settle::Complete { .. } => ("complete", Some(Completion::from_response(stored.as_ref()))),
+            Settle::Unknown => ("complete", Some(Completion::Unknown)),
+            Settle::Release => ("release", None),
         };
         let store_timeout = gateway.policy.store_timeout;
         let mut pause = Duration::from_millis(50);

@@ -2,14 +2,12 @@
 //! not record: replay, `409`, `422`, `502 outcome-unknown`, waiting for a
 //! running attempt, and fail-closed or fail-open.
 
-use std::time::Duration;
-
 use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 
 use super::attempt::{Attempt, Forward, respond};
-use super::{Answer, unguarded_problem};
+use super::{Answer, rules, unguarded_problem};
 use crate::config::{ConcurrentMode, FailMode};
 use crate::gateway::Outcome;
 use crate::gateway::headers::IDEMPOTENT_REPLAYED;
@@ -18,7 +16,7 @@ use crate::gateway::rewrite::rewrite;
 use crate::http::body::{ResponseBody, full};
 use crate::http::client::UpstreamError;
 use crate::http::request_body::BufferedBody;
-use crate::idempotency::{Decision, Fingerprint, Record, StoredResponse, decide};
+use crate::idempotency::{Fingerprint, Record, StoredResponse, decide};
 use crate::store::Store;
 
 impl<S: Store> Attempt<S> {
@@ -34,39 +32,28 @@ impl<S: Store> Attempt<S> {
             _ => None,
         };
         let wait_until = Instant::now() + policy.wait_timeout;
-        let mut pause = Duration::from_millis(10);
+        let mut pause = rules::FIRST_PAUSE;
+        let in_flight = |retry_after| (Outcome::Conflict, Problem::RequestInFlight { retry_after }.to_response());
         loop {
-            let retry_after = match decide(Some(&record), fingerprint) {
-                Decision::Mismatch => return (Outcome::Mismatch, Problem::KeyMismatch.to_response()),
-                Decision::Replay(stored) => return (Outcome::Replayed, replay(stored)),
-                Decision::NotReplayable => {
-                    return (Outcome::NotReplayable, Problem::ResponseNotReplayable.to_response());
-                }
-                Decision::OutcomeUnknown => {
-                    return (Outcome::Held, Problem::OutcomeUnknown { held: true }.to_response());
-                }
-                Decision::InFlight { retry_after } => retry_after,
-                // Only if the record changed between two reads: busy.
-                Decision::Start | Decision::TakeOver => Duration::from_secs(1),
+            let lease_left = match rules::answer_for(decide(&record, fingerprint)) {
+                rules::Answer::Final(outcome, problem) => return (outcome, problem.to_response()),
+                rules::Answer::Replay(stored) => return (Outcome::Replayed, replay(stored)),
+                rules::Answer::Busy { lease_left } => lease_left,
             };
-            let in_flight = |retry_after| (Outcome::Conflict, Problem::RequestInFlight { retry_after }.to_response());
             if policy.concurrent != ConcurrentMode::Wait || Instant::now() + pause >= wait_until {
-                // When the running attempt will most likely be done: the
-                // route's recent latency, at least 1 s, at most the lease left.
-                let estimate = self.route.latency.get().max(Duration::from_secs(1)).min(retry_after);
-                return in_flight(estimate);
+                return in_flight(rules::retry_after(self.route.latency.get(), lease_left));
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(250));
+            pause = rules::next_pause(pause);
             record = match self.gateway.bounded("get", self.gateway.store.get(&self.scoped)).await {
                 Ok(Some(next)) => match next {
                     Record::InFlight { fence, .. } if Some(fence) != awaited => {
-                        return in_flight(Duration::from_secs(1));
+                        return in_flight(rules::LAPSED_RETRY_AFTER);
                     }
                     next => next,
                 },
                 // Released (or lapsed): the awaited attempt left no result.
-                Ok(None) => return in_flight(Duration::from_secs(1)),
+                Ok(None) => return in_flight(rules::LAPSED_RETRY_AFTER),
                 Err(e) => {
                     tracing::warn!(key = self.hashed.as_deref(), error = %e, "store unavailable while waiting");
                     return (Outcome::StoreError, Problem::StoreUnavailable.to_response());

@@ -40,6 +40,7 @@ use attempt::Attempt;
 
 mod attempt;
 mod existing;
+mod rules;
 
 type Guarded = (Outcome, Option<String>, Response<ResponseBody>);
 pub(super) type Answer = (Outcome, Response<ResponseBody>);
