@@ -35,11 +35,11 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use idemgate::idempotency::{IdempotencyKey, ScopedKey, TenantSource};
 use rand::prelude::*;
+use support::http_server::HttpServer;
 use support::redis_server::{RedisProcess, free_port};
-use tokio::net::TcpListener;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
 const TENANTS: usize = 3;
@@ -76,24 +76,12 @@ struct Chaos {
     effects: Mutex<HashMap<String, Vec<Effect>>>,
 }
 
-async fn chaos_upstream(seed: u64) -> (SocketAddr, Arc<Chaos>) {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// Stops when the returned server is dropped.
+async fn chaos_upstream(seed: u64) -> (SocketAddr, Arc<Chaos>, HttpServer) {
     let chaos = Arc::new(Chaos { rng: Mutex::new(StdRng::seed_from_u64(seed)), effects: Mutex::default() });
     let shared = chaos.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let chaos = shared.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |r| act(r, chaos.clone()));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (addr, chaos)
+    let server = HttpServer::start(move |r| act(r, shared.clone())).await;
+    (server.addr, chaos, server)
 }
 
 async fn act(request: Request<Incoming>, chaos: Arc<Chaos>) -> Result<Response<Full<Bytes>>, std::io::Error> {
@@ -247,7 +235,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     let began = Instant::now();
     let mut redis = RedisProcess::start_durable();
     let store = format!("{}?timeout=400ms", redis.url());
-    let (upstream, chaos) = chaos_upstream(seed).await;
+    let (upstream, chaos, _upstream_server) = chaos_upstream(seed).await;
     let addrs: Vec<SocketAddr> = (0..2).map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap()).collect();
     let gateways: Arc<Vec<Mutex<Gateway>>> = Arc::new(
         addrs

@@ -20,14 +20,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::metrics::Metrics;
 use idemgate::outbox::claim::{self, Limits};
 use idemgate::outbox::publisher::HttpPublisher;
 use idemgate::outbox::relay::Relay;
 use serde_json::json;
+use support::http_server::HttpServer;
 use support::outbox::settings;
 use support::postgres::TestSchema;
 use support::sink::Sink;
@@ -43,41 +42,31 @@ struct Gate {
     open: watch::Sender<bool>,
     arrived: Arc<(AtomicUsize, Notify)>,
     answered: Arc<AtomicUsize>,
+    _server: HttpServer,
 }
 
 impl Gate {
     async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let (open, opened) = watch::channel(false);
         let arrived = Arc::new((AtomicUsize::new(0), Notify::new()));
         let answered = Arc::new(AtomicUsize::new(0));
         let (a, b) = (arrived.clone(), answered.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let (opened, arrived, answered) = (opened.clone(), a.clone(), b.clone());
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                        let (mut opened, arrived, answered) = (opened.clone(), arrived.clone(), answered.clone());
-                        async move {
-                            let body = request.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                            let payload: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                            arrived.0.fetch_add(1, Ordering::SeqCst);
-                            arrived.1.notify_waiters();
-                            if payload["hold"] == true {
-                                let _ = opened.wait_for(|open| *open).await;
-                            }
-                            answered.fetch_add(1, Ordering::SeqCst);
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
-                        }
-                    });
-                    let _ =
-                        auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-                });
+        let server = HttpServer::start(move |request: Request<Incoming>| {
+            let (mut opened, arrived, answered) = (opened.clone(), a.clone(), b.clone());
+            async move {
+                let body = request.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                let payload: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                arrived.0.fetch_add(1, Ordering::SeqCst);
+                arrived.1.notify_waiters();
+                if payload["hold"] == true {
+                    let _ = opened.wait_for(|open| *open).await;
+                }
+                answered.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
             }
-        });
-        Self { addr, open, arrived, answered }
+        })
+        .await;
+        Self { addr: server.addr, open, arrived, answered, _server: server }
     }
 
     fn url(&self) -> String {

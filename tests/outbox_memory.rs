@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use support::http_server::HttpServer;
 use support::postgres::TestSchema;
 use support::relay_process::RelayProcess;
 
@@ -26,43 +25,34 @@ const ROWS: i32 = 200;
 /// Payload text of just under 1 MiB: `{"blob": "xx…x"}`.
 const BLOB: i32 = (1 << 20) - 12;
 
-/// A destination that reads every body, keeps nothing of it, and counts distinct keys.
-async fn counting_destination() -> (SocketAddr, Arc<Mutex<HashSet<String>>>) {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// A destination that reads every body, keeps nothing of it, and counts
+/// distinct keys; it stops when the returned server is dropped.
+async fn counting_destination() -> (SocketAddr, Arc<Mutex<HashSet<String>>>, HttpServer) {
     let keys = Arc::new(Mutex::new(HashSet::new()));
     let shared = keys.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let keys = shared.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                    let keys = keys.clone();
-                    async move {
-                        let key = request.headers().get("idempotency-key").map(|v| v.to_str().unwrap_or("").to_owned());
-                        let mut body = request.into_body();
-                        let mut size = 0;
-                        while let Some(Ok(frame)) = body.frame().await {
-                            size += frame.data_ref().map_or(0, Bytes::len);
-                        }
-                        if size >= BLOB as usize {
-                            keys.lock().unwrap().extend(key);
-                        }
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}"))))
-                    }
-                });
-                let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-            });
+    let server = HttpServer::start(move |request: http::Request<hyper::body::Incoming>| {
+        let keys = shared.clone();
+        async move {
+            let key = request.headers().get("idempotency-key").map(|v| v.to_str().unwrap_or("").to_owned());
+            let mut body = request.into_body();
+            let mut size = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                size += frame.data_ref().map_or(0, Bytes::len);
+            }
+            if size >= BLOB as usize {
+                keys.lock().unwrap().extend(key);
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}"))))
         }
-    });
-    (addr, keys)
+    })
+    .await;
+    (server.addr, keys, server)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_200_rows_of_1_mib_is_relayed_within_the_documented_memory_bound() {
     let schema = TestSchema::create().await;
-    let (addr, delivered) = counting_destination().await;
+    let (addr, delivered, _destination) = counting_destination().await;
     let client = schema.connect().await;
     // 20 transactions of 10 rows; the payloads compress well in the table, not in the relay.
     let sql = schema.sql(

@@ -3,6 +3,8 @@
 //! and a pooled connection the upstream closed is replaced without sending
 //! any request twice.
 
+mod support;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,10 +14,10 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use idemgate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 use idemgate::http::body::full;
 use idemgate::http::client::Upstream;
+use support::http_server::{HttpServer, Options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -27,32 +29,28 @@ struct Counts {
     most_in_flight: AtomicUsize,
 }
 
-/// A keep-alive HTTP/1.1 server whose every answer takes `delay`.
-async fn slow_server(delay: Duration) -> (Uri, Arc<Counts>) {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+/// A keep-alive HTTP/1.1 server whose every answer takes `delay`; it
+/// stops when the returned server is dropped.
+async fn slow_server(delay: Duration) -> (Uri, Arc<Counts>, HttpServer) {
     let counts = Arc::new(Counts::default());
-    let shared = counts.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            shared.connections.fetch_add(1, Ordering::SeqCst);
-            let counts = shared.clone();
-            let service = hyper::service::service_fn(move |_request: Request<Incoming>| {
-                let counts = counts.clone();
-                async move {
-                    counts.requests.fetch_add(1, Ordering::SeqCst);
-                    let now = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                    counts.most_in_flight.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(delay).await;
-                    counts.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-                }
-            });
-            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service));
-        }
+    let (accepted, shared) = (counts.clone(), counts.clone());
+    let options = Options::default().http1_only().on_accept(move || {
+        accepted.connections.fetch_add(1, Ordering::SeqCst);
     });
-    (uri, counts)
+    let server = HttpServer::start_with(options, move |_request: Request<Incoming>| {
+        let counts = shared.clone();
+        async move {
+            counts.requests.fetch_add(1, Ordering::SeqCst);
+            let now = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            counts.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    })
+    .await;
+    let uri: Uri = format!("http://{}", server.addr).parse().unwrap();
+    (uri, counts, server)
 }
 
 fn get(uri: &Uri, path: &str) -> Request<idemgate::http::body::ResponseBody> {
@@ -67,7 +65,7 @@ async fn status_and_body(upstream: &Upstream, request: Request<idemgate::http::b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_more_connections_than_the_limit_and_the_excess_requests_wait_for_one() {
-    let (uri, counts) = slow_server(Duration::from_millis(50)).await;
+    let (uri, counts, _server) = slow_server(Duration::from_millis(50)).await;
     let upstream = Upstream::new(&uri, None, 2, DEFAULT_POOL_IDLE_TIMEOUT).unwrap();
     let calls = (0..12).map(|i| {
         let upstream = upstream.clone();

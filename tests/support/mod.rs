@@ -5,6 +5,7 @@
 
 pub mod config_file;
 pub mod gateway;
+pub mod http_server;
 pub mod outbox;
 pub mod outbox_check;
 pub mod pgbouncer;

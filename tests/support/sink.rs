@@ -27,10 +27,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+use super::http_server::HttpServer;
 
 /// One request as received, and how it was answered.
 #[derive(Debug, Clone)]
@@ -68,26 +67,15 @@ struct State {
 pub struct Sink {
     pub addr: SocketAddr,
     state: Arc<State>,
+    _server: HttpServer,
 }
 
 impl Sink {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(State::default());
         let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |r| handle(r, state.clone()));
-                    let _ =
-                        auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Self { addr, state }
+        let server = HttpServer::start(move |r| handle(r, shared.clone())).await;
+        Self { addr: server.addr, state, _server: server }
     }
 
     pub fn url(&self) -> String {

@@ -21,11 +21,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
+
+use super::http_server::{HttpServer, Options};
 
 #[derive(Default)]
 pub struct Effects {
@@ -41,6 +40,7 @@ pub struct Upstream {
     pub addr: SocketAddr,
     pub effects: Arc<Effects>,
     tls: bool,
+    _server: HttpServer,
 }
 
 impl Upstream {
@@ -54,30 +54,12 @@ impl Upstream {
     }
 
     async fn start_with(tls: Option<TlsAcceptor>) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let effects = Arc::new(Effects::default());
         let shared = effects.clone();
         let tls_enabled = tls.is_some();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let effects = shared.clone();
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |r| handle(r, effects.clone()));
-                    let builder = auto::Builder::new(TokioExecutor::new());
-                    let _ = match tls {
-                        None => builder.serve_connection(TokioIo::new(stream), service).await,
-                        Some(acceptor) => match acceptor.accept(stream).await {
-                            Ok(stream) => builder.serve_connection(TokioIo::new(stream), service).await,
-                            Err(_) => return,
-                        },
-                    };
-                });
-            }
-        });
-        Self { addr, effects, tls: tls_enabled }
+        let options = tls.map_or_else(Options::default, |acceptor| Options::default().tls(acceptor));
+        let server = HttpServer::start_with(options, move |r| handle(r, shared.clone())).await;
+        Self { addr: server.addr, effects, tls: tls_enabled, _server: server }
     }
 
     pub fn url(&self) -> String {

@@ -1,0 +1,44 @@
+//! The outbox relay against the real PostgreSQL: each test in a schema of
+//! its own, publishing to a real HTTP destination on port 0 that records
+//! what it receives. Most tests drive the relay one step at a time
+//! (`try_execute_batch`); the waits that remain are for time itself (a
+//! lease or a backoff running out) or bounded waits for an outcome.
+//!
+//! One test binary, one module per guarantee:
+//!
+//! - [`once_per_key`]: a message is enqueued once per derived key and only
+//!   with the business transaction that commits it — duplicates, a rollback
+//!   and migrations run twice change nothing, and every request carries the
+//!   derived key;
+//! - [`leases_and_fences`]: a claim is a lease fenced by its attempt count —
+//!   a relay lost mid-delivery is redelivered under the same key, stale
+//!   claims (alone or in a batch) change nothing, a slow publish renews its
+//!   lease, and a row whose leases keep expiring is buried;
+//! - [`retries`]: what a destination answers decides a row's fate — a `4xx`
+//!   is dead at once and can be redriven (also through the admin API), a
+//!   `5xx` is retried up to `max_attempts`, a `429` waits its `Retry-After`,
+//!   and the metrics count every attempt;
+//! - [`ordering`]: per ordering key, delivery follows commit order — a
+//!   failing head blocks only its own key, and four relays (one crashing)
+//!   keep the order;
+//! - [`wake_ups`]: a relay finds new rows without notifications (polling),
+//!   promptly with them (`NOTIFY`), and again after its `LISTEN` session drops;
+//! - [`retention`]: a long-running outbox stays cheap — history is dropped
+//!   by whole day partitions, and relay sessions never sort, so a claim reads
+//!   only the rows it takes.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod leases_and_fences;
+mod once_per_key;
+mod ordering;
+mod retention;
+mod retries;
+mod wake_ups;
+
+use std::time::Duration;
+
+const LEASE: Duration = Duration::from_secs(30);
+const SHORT_LEASE: Duration = Duration::from_millis(200);
+const PAST_SHORT_LEASE: Duration = Duration::from_millis(350);
