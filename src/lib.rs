@@ -12,7 +12,8 @@
 //!    [`http`] (the pooled client, bodies, the one accept loop and its
 //!    per-connection limits, hop-by-hop headers, TLS), [`postgres`] (the
 //!    pool, schema name, `sslmode`, migrations), [`metrics`] (the
-//!    Prometheus set) and [`escape`] (outside text made safe for a log line).
+//!    Prometheus set), [`lease`] (holding a lease while work runs, settling
+//!    before it lapses) and [`escape`] (outside text made safe for a log line).
 //! 4. The domain rooms: [`store`] (the [`store::Store`] trait and its
 //!    backends — embedded memory, Redis, Redis Cluster, Postgres — held to
 //!    one conformance suite), [`gateway`] (the reverse proxy: routing, the
@@ -36,6 +37,7 @@ pub mod escape;
 pub mod gateway;
 pub mod http;
 pub mod idempotency;
+pub mod lease;
 pub mod metrics;
 pub mod outbox;
 pub mod postgres;

@@ -27,9 +27,12 @@
 //! database, and waits for the database (and checks its schema) in the
 //! background, so `relay` and `serve --relay` start while it is down.
 //!
-//! A settlement (complete, retry, bury) that fails on a database error is
-//! tried twice more within about half a second; after that the row waits
-//! out its lease and is claimed again (published again, under its key).
+//! Leases follow [`crate::lease`], as the gateway's do. A settlement
+//! (complete, retry, bury) that fails on a database error is tried again —
+//! 50 ms, doubling to 250 ms, renewing in between — while the lease holds
+//! (a delivered row's lease, no longer renewed once its publish is over, is
+//! the bound for its completion); after that the row waits out its lease
+//! and is claimed again (published again, under its key).
 //!
 //! While a publish runs, its lease is renewed every third of `lease`, so a
 //! slow destination is never mistaken for a dead relay. A renewal that finds
@@ -62,6 +65,7 @@ use super::publisher::{Attempt, Publisher};
 use super::retry::{Class, Next, RetryPolicy};
 use super::{Database, OutboxError};
 use crate::config::RelayConfig;
+use crate::lease::{Lease, Renewal};
 use crate::metrics::Metrics;
 
 pub use start::Readiness;
@@ -70,8 +74,6 @@ pub use start::Readiness;
 /// deliveries are recorded together (in [`Relay::try_execute_batch`]; a
 /// lane records whatever has finished while its previous recording ran).
 pub const COMPLETE_LINGER: Duration = Duration::from_millis(5);
-/// Pauses before the further tries of a settlement that failed.
-const SETTLE_RETRIES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 
 /// The knobs of one relay, from `[relay]`.
 #[derive(Debug, Clone, Copy)]
@@ -141,10 +143,12 @@ enum Settled {
     Error,
 }
 
-/// Where one row's publish left it.
+/// Where one row's publish left it. Lives for one match (or one channel
+/// send), so the size difference between its variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Step {
-    /// Delivered, waiting to be recorded with others.
-    Published(Claimed),
+    /// Delivered, waiting to be recorded with others, under its lease.
+    Published(Claimed, Lease),
     /// Settled on its own (retried, dead, lost, or an error).
     Settled(Settled),
 }
@@ -270,24 +274,26 @@ impl<P: Publisher> Relay<P> {
                 match tokio::time::timeout_at(waiting_since + COMPLETE_LINGER, tasks.join_next()).await {
                     Ok(joined) => joined,
                     Err(_) => {
-                        outcome.add_all(self.complete(&std::mem::take(&mut published)).await);
+                        let (rows, leases): (Vec<_>, Vec<_>) = std::mem::take(&mut published).into_iter().unzip();
+                        outcome.add_all(self.complete(&rows, leases).await);
                         continue;
                     }
                 }
             };
             match joined {
-                Some(Ok(Step::Published(row))) => {
+                Some(Ok(Step::Published(row, lease))) => {
                     if published.is_empty() {
                         waiting_since = Instant::now();
                     }
-                    published.push(row);
+                    published.push((row, lease));
                 }
                 Some(Ok(Step::Settled(settled))) => outcome.add(settled),
                 Some(Err(_)) => outcome.errors += 1,
                 None => break,
             }
         }
-        outcome.add_all(self.complete(&published).await);
+        let (rows, leases): (Vec<_>, Vec<_>) = published.into_iter().unzip();
+        outcome.add_all(self.complete(&rows, leases).await);
         Ok(outcome)
     }
 
@@ -309,41 +315,32 @@ impl<P: Publisher> Relay<P> {
             claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Settled::Dead } else { Settled::Lost })
         } else {
             // A lease lost mid-publish shows again in the fenced settlement.
-            let attempt = self.publish_renewing(&row, slots).await;
+            let (attempt, mut lease) = self.publish_renewing(&row, slots).await;
             let Attempt::Failed { class, retry_after, reason } = attempt else {
-                return Step::Published(row);
+                return Step::Published(row, lease);
             };
-            // A settlement that fails on a database hiccup is tried again a
-            // few times (the lease still holds).
-            let mut settled = self.settle_failure(&row, policy, class, retry_after, &reason).await;
-            for pause in SETTLE_RETRIES {
-                if settled.is_ok() {
-                    break;
-                }
-                tokio::time::sleep(pause).await;
-                settled = self.settle_failure(&row, policy, class, retry_after, &reason).await;
-            }
-            settled
+            // A settlement that fails on a database hiccup is tried again
+            // while the lease holds.
+            let settle = || self.settle_failure(&row, policy, class, retry_after, &reason);
+            lease.settle(self.one_try(), settle, || self.renew(&row), |_, _| {}).await.map_err(|a| a.error)
         };
         Step::Settled(self.record(&row, settled))
     }
 
-    /// Records the deliveries of published rows in one statement. A
-    /// failure is tried again a few times (the leases still hold): giving
-    /// up means the rows wait out their leases and go out twice.
-    async fn complete(&self, rows: &[Claimed]) -> Vec<Settled> {
-        if rows.is_empty() {
+    /// Records the deliveries of published rows in one statement, under the
+    /// earliest-lapsing of their leases. A failure is tried again while that
+    /// lease holds: giving up means the rows wait out their leases and go
+    /// out twice. (Their leases are no longer renewed: each was published
+    /// and is only waiting for this statement.)
+    async fn complete(&self, rows: &[Claimed], leases: impl IntoIterator<Item = Lease>) -> Vec<Settled> {
+        let Some(mut lease) = leases.into_iter().min_by_key(Lease::lapses_at) else {
             return Vec::new();
-        }
+        };
         let fences: Vec<_> = rows.iter().map(|r| r.fence).collect();
-        let mut done = claim::complete_batch(&self.inner.db, &fences).await;
-        for pause in SETTLE_RETRIES {
-            if done.is_ok() {
-                break;
-            }
-            tokio::time::sleep(pause).await;
-            done = claim::complete_batch(&self.inner.db, &fences).await;
-        }
+        let db = &self.inner.db;
+        let record = || claim::complete_batch(db, &fences);
+        let nothing_to_renew = || async { Ok::<_, OutboxError>(false) };
+        let done = lease.settle(self.one_try(), record, nothing_to_renew, |_, _| {}).await.map_err(|a| a.error);
         let done: BTreeMap<i64, Duration> = match done {
             Ok(done) => done.into_iter().collect(),
             Err(e) => {
@@ -408,10 +405,24 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Waits for a slot (if `slots` is given) and publishes, renewing the lease throughout.
-    async fn publish_renewing(&self, row: &Claimed, slots: Option<&Semaphore>) -> Attempt {
-        let lease = self.inner.settings.lease;
-        let every = lease / 3;
+    /// Renews `row`'s lease: `Ok(false)` once another claim owns the row.
+    async fn renew(&self, row: &Claimed) -> Result<bool, OutboxError> {
+        claim::renew(&self.inner.db, row.fence, self.inner.settings.lease).await
+    }
+
+    /// The room a settlement keeps before its lease lapses for one more try:
+    /// a tenth of the lease (statements have no client-side timeout; a try
+    /// that still overruns is fenced on `attempts` like any other).
+    fn one_try(&self) -> Duration {
+        self.inner.settings.lease / 10
+    }
+
+    /// Waits for a slot (if `slots` is given) and publishes, renewing the
+    /// lease throughout; returns the attempt and the lease as last renewed.
+    async fn publish_renewing(&self, row: &Claimed, slots: Option<&Semaphore>) -> (Attempt, Lease) {
+        // Counted from now, not from the claim: the claim is moments old,
+        // and renewing a third of the way in leaves ample room either way.
+        let mut lease = Lease::new(self.inner.settings.lease, Instant::now());
         let publish = async {
             let _slot = match slots {
                 Some(slots) => slots.acquire().await.ok(),
@@ -428,22 +439,12 @@ impl<P: Publisher> Relay<P> {
             in_flight.dec();
             attempt
         };
-        tokio::pin!(publish);
-        let mut lost = false;
-        loop {
-            tokio::select! {
-                attempt = &mut publish => return attempt,
-                _ = tokio::time::sleep(every), if !lost => {
-                    match claim::renew(&self.inner.db, row.fence, lease).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::warn!(id = row.fence.id, "outbox lease lost during a publish");
-                            lost = true;
-                        }
-                        Err(e) => tracing::warn!(id = row.fence.id, error = %e, "cannot renew an outbox lease"),
-                    }
-                }
-            }
-        }
+        let observe = |renewal: &Renewal<OutboxError>| match renewal {
+            Renewal::Renewed => {}
+            Renewal::Lost => tracing::warn!(id = row.fence.id, "outbox lease lost during a publish"),
+            Renewal::Failed(e) => tracing::warn!(id = row.fence.id, error = %e, "cannot renew an outbox lease"),
+        };
+        let attempt = lease.renewing(publish, || self.renew(row), observe).await;
+        (attempt, lease)
     }
 }

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
@@ -26,7 +25,8 @@ use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
 use crate::http::request_body::BufferedBody;
 use crate::idempotency::{Completion, Fence, ScopedKey, StoredResponse};
-use crate::store::Store;
+use crate::lease::{Abandoned, Lease, Renewal};
+use crate::store::{Store, StoreError};
 
 /// An upstream response whose body was read up to the stored-response cap.
 pub(super) struct Buffered {
@@ -73,7 +73,7 @@ impl<S: Store> Attempt<S> {
     ) {
         let policy = &self.gateway.policy;
         let mut reply = Some(reply);
-        let mut renewed_at = begun_at;
+        let mut lease = Lease::new(policy.lease, begun_at);
         let forwarded_key = match policy.forward_key {
             ForwardKey::Original => None,
             ForwardKey::Derived => HeaderValue::from_str(&self.scoped.to_hex()).ok(),
@@ -82,8 +82,7 @@ impl<S: Store> Attempt<S> {
             Ok(request) => {
                 let forward = self.forward(request);
                 tokio::pin!(forward);
-                let waited =
-                    self.renewing(&mut renewed_at, tokio::time::timeout(policy.upstream_timeout, &mut forward));
+                let waited = self.renewing(&mut lease, tokio::time::timeout(policy.upstream_timeout, &mut forward));
                 match waited.await {
                     Ok(forward) => forward,
                     Err(_) => {
@@ -96,7 +95,7 @@ impl<S: Store> Attempt<S> {
                         // The deadline's timer only starts now: the common,
                         // fast path pays for one timer, not two.
                         let rest = policy.upstream_deadline.saturating_sub(policy.upstream_timeout);
-                        match self.renewing(&mut renewed_at, tokio::time::timeout(rest, forward)).await {
+                        match self.renewing(&mut lease, tokio::time::timeout(rest, forward)).await {
                             Ok(forward) => forward,
                             Err(_) => self.past_deadline(),
                         }
@@ -107,7 +106,7 @@ impl<S: Store> Attempt<S> {
         };
         drop(body);
         let (settle, stored, outcome, response) = self.conclude(forward);
-        self.settle(&mut renewed_at, settle, stored).await;
+        self.settle(&mut lease, settle, stored).await;
         if reply.is_none() {
             tracing::info!(
                 route = %self.route.name,
@@ -194,99 +193,67 @@ impl<S: Store> Attempt<S> {
         }
     }
 
-    /// Runs `work` while renewing the lease every third of it; `renewed_at`
-    /// tracks when the store last confirmed the lease.
-    async fn renewing<T>(&self, renewed_at: &mut Instant, work: impl Future<Output = T>) -> T {
-        let lease = self.gateway.policy.lease;
-        tokio::pin!(work);
-        let mut held = true;
-        let mut next = *renewed_at + lease / 3;
-        loop {
-            let renew = async {
-                tokio::time::sleep_until(next).await;
-                let asked = Instant::now();
-                (asked, self.gateway.bounded("renew", self.gateway.store.renew(&self.scoped, self.fence, lease)).await)
-            };
-            tokio::select! {
-                output = &mut work => return output,
-                (asked, renewed) = renew, if held => match renewed {
-                    Ok(true) => {
-                        *renewed_at = asked;
-                        next = asked + lease / 3;
-                    }
-                    Ok(false) => {
-                        self.gateway.metrics.fence_rejections.with_label_values(&["renew"]).inc();
-                        // Fenced out: another attempt owns the key now. Finish
-                        // for our client; our settle will be refused.
-                        tracing::warn!(route = %self.route.name, "lease lost while the upstream call was running");
-                        held = false;
-                    }
-                    Err(e) => {
-                        tracing::warn!(route = %self.route.name, error = %e, "lease renewal failed; will retry");
-                        next = Instant::now() + (lease / 10).max(Duration::from_millis(50));
-                    }
-                },
+    /// Runs `work` while renewing the lease ([`Lease::renewing`]).
+    async fn renewing<T>(&self, lease: &mut Lease, work: impl Future<Output = T>) -> T {
+        let gateway = &self.gateway;
+        let length = gateway.policy.lease;
+        let renew = || gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let observe = |renewal: &Renewal<StoreError>| match renewal {
+            Renewal::Renewed => {}
+            Renewal::Lost => {
+                gateway.metrics.fence_rejections.with_label_values(&["renew"]).inc();
+                // Fenced out: another attempt owns the key now. Finish
+                // for our client; our settle will be refused.
+                tracing::warn!(route = %self.route.name, "lease lost while the upstream call was running");
             }
-        }
+            Renewal::Failed(e) => {
+                tracing::warn!(route = %self.route.name, error = %e, "lease renewal failed; will retry");
+            }
+        };
+        lease.renewing(work, renew, observe).await
     }
 
-    /// Settles the record under this attempt's fence. A failing store is
-    /// retried with backoff, renewing the lease in between, for as long as
-    /// the lease holds: a record left in flight would let a retry take over
-    /// and run the request again once the lease ends, so a store blip
-    /// shorter than the lease must never get that far.
-    async fn settle(&self, renewed_at: &mut Instant, settle: Settle, stored: Option<StoredResponse>) {
+    /// Settles the record under this attempt's fence, retrying a failing
+    /// store while the lease holds ([`Lease::settle`]): a record left in
+    /// flight would let a retry take over and run the request again once
+    /// the lease ends, so a store blip shorter than the lease must never
+    /// get that far.
+    async fn settle(&self, lease: &mut Lease, settle: Settle, stored: Option<StoredResponse>) {
         let gateway = &self.gateway;
-        let (lease, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
+        let (length, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
         let (operation, completion) = match settle {
             Settle::Complete { .. } => ("complete", Some(Completion::from_response(stored.as_ref()))),
             Settle::Unknown => ("complete", Some(Completion::Unknown)),
             Settle::Release => ("release", None),
         };
-        let store_timeout = gateway.policy.store_timeout;
-        let mut pause = Duration::from_millis(50);
-        for tries in 1.. {
-            let result = match completion {
+        let try_settle = || async move {
+            match completion {
                 Some(completion) => {
                     gateway.bounded(operation, gateway.store.complete(&self.scoped, self.fence, completion, ttl)).await
                 }
                 None => gateway.bounded(operation, gateway.store.release(&self.scoped, self.fence)).await,
-            };
-            let error = match result {
-                Ok(true) => return,
-                Ok(false) => {
-                    gateway.metrics.fence_rejections.with_label_values(&[operation]).inc();
-                    tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), "fenced out: the record belongs to a newer attempt; not settled");
-                    return;
-                }
-                Err(error) => error,
-            };
-            // Time left for one more try that ends before the lease does.
-            let lapses_at = *renewed_at + lease;
-            let room = lapses_at.saturating_duration_since(Instant::now() + store_timeout);
-            if room.is_zero() {
-                gateway.metrics.settle_abandoned.inc();
-                tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
-                    "cannot settle the record before its lease ends; a retry after that may run the request again");
-                return;
             }
+        };
+        let renew = || gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let failed = |error: &StoreError, tries| {
             if tries == 1 {
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
             }
-            // Short pauses: a store that blinks twice may be up for well
-            // under a second in between, and that window must not be missed.
-            tokio::time::sleep(pause.min(room)).await;
-            pause = (pause * 2).min(SETTLE_PAUSE_MAX);
-            let asked = Instant::now();
-            if let Ok(true) = gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, lease)).await {
-                *renewed_at = asked;
+        };
+        match lease.settle(gateway.policy.store_timeout, try_settle, renew, failed).await {
+            Ok(true) => {}
+            Ok(false) => {
+                gateway.metrics.fence_rejections.with_label_values(&[operation]).inc();
+                tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), "fenced out: the record belongs to a newer attempt; not settled");
+            }
+            Err(Abandoned { error, tries }) => {
+                gateway.metrics.settle_abandoned.inc();
+                tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
+                    "cannot settle the record before its lease ends; a retry after that may run the request again");
             }
         }
     }
 }
-
-/// The longest pause between two tries to settle a record.
-const SETTLE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 /// Sends `answer` to the waiting client, once.
 fn answer(reply: &mut Option<oneshot::Sender<Answer>>, (outcome, problem): (Outcome, Problem)) {

@@ -53,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::{Relay, Settings, Step, claim};
+use crate::lease::Lease;
 use crate::outbox::OutboxError;
 use crate::outbox::claim::{Claimed, Limits, Payload};
 use crate::outbox::publisher::Publisher;
@@ -82,9 +83,11 @@ struct Lane {
     wake: Notify,
 }
 
-/// A delivered row waiting for the recorder, holding its place among the unsettled.
+/// A delivered row waiting for the recorder, holding its place among the
+/// unsettled, under its lease.
 struct Published {
     row: Claimed,
+    lease: Lease,
     unsettled: OwnedSemaphorePermit,
 }
 
@@ -315,11 +318,11 @@ impl<P: Publisher> Relay<P> {
         // The destination has answered (or the row is settled): its bytes are free.
         drop(bytes);
         match step {
-            Step::Published(mut row) => {
+            Step::Published(mut row, lease) => {
                 row.payload = Payload::default();
                 row.headers = Vec::new();
                 // Fails only once the recorder is gone (the relay was dropped): the lease then expires.
-                let _ = delivered.send(Published { row, unsettled: place });
+                let _ = delivered.send(Published { row, lease, unsettled: place });
             }
             Step::Settled(_) => {
                 drop(place);
@@ -332,9 +335,15 @@ impl<P: Publisher> Relay<P> {
     async fn record_deliveries(self, lane: Arc<Lane>, mut recorded: mpsc::UnboundedReceiver<Published>) {
         let mut batch = Vec::new();
         while recorded.recv_many(&mut batch, MAX_RECORDED_TOGETHER).await > 0 {
-            let (rows, places): (Vec<Claimed>, Vec<OwnedSemaphorePermit>) =
-                batch.drain(..).map(|published| (published.row, published.unsettled)).unzip();
-            self.complete(&rows).await;
+            let mut leases = Vec::with_capacity(batch.len());
+            let (rows, places): (Vec<Claimed>, Vec<OwnedSemaphorePermit>) = batch
+                .drain(..)
+                .map(|published| {
+                    leases.push(published.lease);
+                    (published.row, published.unsettled)
+                })
+                .unzip();
+            self.complete(&rows, leases).await;
             // Only now are they settled: the rows left the outbox (or their claims were found lost).
             drop(places);
             lane.wake.notify_one();
