@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::outbox::OutboxError;
-use idemgate::outbox::claim::{Claimed, Fence};
-use idemgate::outbox::publisher::{Attempt, HttpPublisher, Publisher};
+use idemgate::outbox::claim::{ClaimFence, Claimed};
+use idemgate::outbox::publisher::{Delivery, HttpPublisher, Publisher};
 use idemgate::outbox::retry::Class;
 use serde_json::json;
 use support::outbox::Fixture;
@@ -202,7 +202,7 @@ async fn credentials_in_a_destination_url_arrive_as_basic_auth_and_the_host_is_c
 
 fn claimed(destination: &str, headers: &[(&str, &str)]) -> Claimed {
     Claimed {
-        fence: Fence { id: 1, attempts: 1 },
+        fence: ClaimFence { id: 1, attempts: 1 },
         attempt: 1,
         derived_key: "0".repeat(64),
         destination: destination.into(),
@@ -221,10 +221,10 @@ async fn the_publisher_refuses_a_framing_header_before_opening_a_connection() {
     config.timeout = ConfigDuration(Duration::from_secs(2));
     let publisher = HttpPublisher::new(&BTreeMap::from([("sink".to_string(), config)])).unwrap();
     let attempt = publisher.publish(&claimed("sink", &[("Content-Length", "5")])).await;
-    let Attempt::Failed { class, reason, .. } = attempt else { panic!("published: {attempt:?}") };
+    let Delivery::Failed { class, reason, .. } = attempt else { panic!("published: {attempt:?}") };
     assert_eq!(class, Class::Reject);
     assert!(reason.contains("\"Content-Length\" is refused"), "{reason}");
-    assert_eq!(publisher.publish(&claimed("sink", &[("x-tenant", "acme")])).await, Attempt::Delivered);
+    assert_eq!(publisher.publish(&claimed("sink", &[("x-tenant", "acme")])).await, Delivery::Delivered);
     assert_eq!(destination.requests(), 1, "only the clean message was sent");
 }
 

@@ -40,7 +40,7 @@ use routes::{Route, RouteTable};
 
 /// What happened to a request; logged once per request (and counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Disposition {
     /// Not guarded: forwarded as is.
     Passthrough,
     /// Guarded, first attempt: forwarded and its response stored.
@@ -82,7 +82,7 @@ pub enum Outcome {
     NoRoute,
 }
 
-impl Outcome {
+impl Disposition {
     /// A stable lower-case name for logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -228,10 +228,10 @@ impl<S: Store> Gateway<S> {
     ) -> Response<ResponseBody> {
         let started = Instant::now();
         if let Err(problem) = self.check_head(&request) {
-            return self.log(None, Outcome::BadHead, None, started, problem.to_response());
+            return self.log(None, Disposition::BadHead, None, started, problem.to_response());
         }
         let Some(route) = self.routes.find(request.uri().path()) else {
-            return self.log(None, Outcome::NoRoute, None, started, Problem::NoRoute.to_response());
+            return self.log(None, Disposition::NoRoute, None, started, Problem::NoRoute.to_response());
         };
         let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
         self.log(Some(route), outcome, scoped, started, response)
@@ -256,18 +256,18 @@ impl<S: Store> Gateway<S> {
         route: &Arc<Route>,
         request: Request<Incoming>,
         connection: &ConnectionInfo,
-    ) -> (Outcome, Option<String>, Response<ResponseBody>) {
+    ) -> (Disposition, Option<String>, Response<ResponseBody>) {
         if !route.guards(request.method()) {
-            return (Outcome::Passthrough, None, self.passthrough(route, request, connection).await);
+            return (Disposition::Passthrough, None, self.passthrough(route, request, connection).await);
         }
         match IdempotencyKey::from_headers(request.headers()) {
             // Boxed: the guarded future is several kilobytes, and hyper keeps
             // a connection's in-flight future inline, so every request (and
             // every idle connection) would carry and copy it.
             Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,
-            Ok(None) if route.require_key => (Outcome::MissingKey, None, Problem::MissingKey.to_response()),
-            Ok(None) => (Outcome::Passthrough, None, self.passthrough(route, request, connection).await),
-            Err(e) => (Outcome::InvalidKey, None, Problem::InvalidKey(e).to_response()),
+            Ok(None) if route.require_key => (Disposition::MissingKey, None, Problem::MissingKey.to_response()),
+            Ok(None) => (Disposition::Passthrough, None, self.passthrough(route, request, connection).await),
+            Err(e) => (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response()),
         }
     }
 
@@ -312,7 +312,7 @@ impl<S: Store> Gateway<S> {
     }
 
     /// Runs a store operation under the store timeout, and measures it.
-    async fn bounded<T>(
+    async fn store_call<T>(
         &self,
         name: &'static str,
         operation: impl Future<Output = Result<T, StoreError>>,
@@ -330,7 +330,7 @@ impl<S: Store> Gateway<S> {
     fn log(
         &self,
         route: Option<&Route>,
-        outcome: Outcome,
+        outcome: Disposition,
         scoped: Option<String>,
         started: Instant,
         response: Response<ResponseBody>,

@@ -167,7 +167,7 @@ impl Problem {
             Self::BodyTimeout => "Request body too slow",
             Self::UpstreamUnavailable { .. } => "Upstream unavailable",
             Self::UpstreamTimeout { .. } => "Upstream timeout",
-            Self::OutcomeUnknown { .. } => "Outcome unknown",
+            Self::OutcomeUnknown { .. } => "Disposition unknown",
             Self::ResponseIncomplete => "Upstream response incomplete",
             Self::ResponseNotReplayable => "Response not replayable",
             Self::NoRoute => "No route",

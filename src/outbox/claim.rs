@@ -3,7 +3,7 @@
 //! Each function is **one autocommit statement**: no transaction is ever
 //! open while a message is published. A claim sets `state = 'leased'`,
 //! a lease (`lease_until`, by the database clock) and increments
-//! `attempts`; the pair `(id, attempts)` is the claim's [`Fence`]. Renew,
+//! `attempts`; the pair `(id, attempts)` is the claim's [`ClaimFence`]. Renew,
 //! complete, retry and bury change the row only while it is still leased
 //! under that fence, so a relay whose lease ran out and was reaped (or
 //! re-claimed by another relay) changes nothing: they report `false`.
@@ -29,7 +29,7 @@ use super::{Database, OutboxError};
 
 /// Identifies one claim of one row: completion and failure need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fence {
+pub struct ClaimFence {
     /// The row.
     pub id: i64,
     /// `attempts` as the claim set it.
@@ -74,7 +74,7 @@ impl From<Payload> for Bytes {
 #[derive(Debug, Clone)]
 pub struct Claimed {
     /// The claim.
-    pub fence: Fence,
+    pub fence: ClaimFence,
     /// Attempts since the last redrive, including this one (the retry policy counts these).
     pub attempt: u32,
     /// The `Idempotency-Key` every delivery carries.
@@ -233,7 +233,7 @@ pub async fn claim_within(
             let attempt: i32 = row.try_get(2)?;
             let payload: String = row.try_get(7)?;
             Ok(Claimed {
-                fence: Fence { id: row.try_get(0)?, attempts: row.try_get(1)? },
+                fence: ClaimFence { id: row.try_get(0)?, attempts: row.try_get(1)? },
                 attempt: u32::try_from(attempt).unwrap_or(0),
                 derived_key: row.try_get(3)?,
                 destination: row.try_get(4)?,
@@ -257,18 +257,18 @@ async fn fenced(
 }
 
 /// Extends the lease; `false` when the claim was lost.
-pub async fn renew(db: &Database, fence: Fence, lease: Duration) -> Result<bool, OutboxError> {
+pub async fn renew(db: &Database, fence: ClaimFence, lease: Duration) -> Result<bool, OutboxError> {
     fenced(db, RENEW, &[&fence.id, &fence.attempts, &millis(lease)]).await
 }
 
 /// Records the delivery (moves the row to history); `false` when the claim was lost.
-pub async fn complete(db: &Database, fence: Fence) -> Result<bool, OutboxError> {
+pub async fn complete(db: &Database, fence: ClaimFence) -> Result<bool, OutboxError> {
     Ok(complete_measured(db, fence).await?.is_some())
 }
 
 /// [`complete`], reporting the time from enqueue to delivery by the
 /// database clock; `None` when the claim was lost.
-pub async fn complete_measured(db: &Database, fence: Fence) -> Result<Option<Duration>, OutboxError> {
+pub async fn complete_measured(db: &Database, fence: ClaimFence) -> Result<Option<Duration>, OutboxError> {
     Ok(complete_batch(db, &[fence]).await?.into_iter().next().map(|(_, waited)| waited))
 }
 
@@ -276,7 +276,7 @@ pub async fn complete_measured(db: &Database, fence: Fence) -> Result<Option<Dur
 /// Returns, for each row still leased under its fence, its id and the time
 /// from enqueue to delivery by the database clock; a fence missing from the
 /// answer had lost its claim, and that row is unchanged.
-pub async fn complete_batch(db: &Database, fences: &[Fence]) -> Result<Vec<(i64, Duration)>, OutboxError> {
+pub async fn complete_batch(db: &Database, fences: &[ClaimFence]) -> Result<Vec<(i64, Duration)>, OutboxError> {
     if fences.is_empty() {
         return Ok(Vec::new());
     }
@@ -293,12 +293,12 @@ pub async fn complete_batch(db: &Database, fences: &[Fence]) -> Result<Vec<(i64,
 }
 
 /// Makes the row claimable again after `delay`; `false` when the claim was lost.
-pub async fn retry(db: &Database, fence: Fence, delay: Duration, reason: &str) -> Result<bool, OutboxError> {
+pub async fn retry(db: &Database, fence: ClaimFence, delay: Duration, reason: &str) -> Result<bool, OutboxError> {
     fenced(db, RETRY, &[&fence.id, &fence.attempts, &millis(delay), &truncate(reason)]).await
 }
 
 /// Marks the row dead; `false` when the claim was lost.
-pub async fn bury(db: &Database, fence: Fence, reason: &str) -> Result<bool, OutboxError> {
+pub async fn bury(db: &Database, fence: ClaimFence, reason: &str) -> Result<bool, OutboxError> {
     fenced(db, BURY, &[&fence.id, &fence.attempts, &truncate(reason)]).await
 }
 

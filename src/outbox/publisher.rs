@@ -1,6 +1,6 @@
 //! Where messages go: the [`Publisher`] trait and the HTTP publisher.
 //!
-//! A publisher makes one delivery attempt and reports its [`Attempt`]; it
+//! A publisher makes one delivery attempt and reports its [`Delivery`]; it
 //! never retries by itself and never touches the database. The relay turns
 //! the attempt into a completion, a scheduled retry or a dead row. Other
 //! sinks (a queue, a webhook signer) implement the same trait.
@@ -13,7 +13,7 @@
 //! It reuses the gateway's pooled hyper + rustls client.
 //!
 //! **The status decides.** A `2xx` response head means the destination
-//! acted, so the attempt is [`Attempt::Delivered`] even when its body then
+//! acted, so the attempt is [`Delivery::Delivered`] even when its body then
 //! breaks off or stalls past the timeout: counting it as a failure would
 //! publish the effect again (to a destination that may not deduplicate)
 //! and finally bury a row whose effect happened. Likewise a `422` stays a
@@ -56,7 +56,7 @@ const MAX_REASON: usize = 1024;
 
 /// The result of one delivery attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
+pub enum Delivery {
     /// The destination accepted it.
     Delivered,
     /// It did not; `class` says whether a retry can help.
@@ -70,7 +70,7 @@ pub enum Attempt {
     },
 }
 
-impl Attempt {
+impl Delivery {
     fn failed(class: Class, retry_after: Option<Duration>, reason: &str) -> Self {
         Self::Failed { class, retry_after, reason: printable(reason, MAX_REASON) }
     }
@@ -80,7 +80,7 @@ impl Attempt {
 pub trait Publisher: Send + Sync + 'static {
     /// One attempt. Must finish within a bounded time (the relay renews the
     /// row's lease meanwhile, but never forever).
-    fn publish(&self, message: &Claimed) -> impl Future<Output = Attempt> + Send;
+    fn publish(&self, message: &Claimed) -> impl Future<Output = Delivery> + Send;
 }
 
 /// Why an [`HttpPublisher`] could not be built.
@@ -132,23 +132,23 @@ impl HttpPublisher {
 }
 
 impl Publisher for HttpPublisher {
-    async fn publish(&self, message: &Claimed) -> Attempt {
+    async fn publish(&self, message: &Claimed) -> Delivery {
         let Some(destination) = self.destinations.get(&message.destination) else {
             let reason = format!("no destination named {:?} is configured", message.destination);
-            return Attempt::failed(Class::Reject, None, &reason);
+            return Delivery::failed(Class::Reject, None, &reason);
         };
         let request = match destination.target.request(message) {
             Ok(request) => request,
-            Err(reason) => return Attempt::failed(Class::Reject, None, &reason),
+            Err(reason) => return Delivery::failed(Class::Reject, None, &reason),
         };
         let deadline = Instant::now() + destination.timeout;
         let sent = tokio::time::timeout_at(deadline, destination.client.send(request, destination.timeout)).await;
         let response = match sent {
             Err(_) => {
                 let reason = format!("no response within {:?}", destination.timeout);
-                return Attempt::failed(Class::Retry, None, &reason);
+                return Delivery::failed(Class::Retry, None, &reason);
             }
-            Ok(Err(e)) => return Attempt::failed(Class::Retry, None, &e.to_string()),
+            Ok(Err(e)) => return Delivery::failed(Class::Retry, None, &e.to_string()),
             Ok(Ok(response)) => response,
         };
         let status = response.status().as_u16();
@@ -161,13 +161,13 @@ impl Publisher for HttpPublisher {
             if let Some(ending) = ending {
                 tracing::debug!(destination = %message.destination, status, ending, "delivered: the body of a 2xx broke off");
             }
-            return Attempt::Delivered;
+            return Delivery::Delivered;
         }
         let mut reason = format!("HTTP {status}: {}", String::from_utf8_lossy(&kept));
         if let Some(ending) = ending {
             reason.push_str(&format!(" ({ending})"));
         }
-        Attempt::failed(class, retry_after, &reason)
+        Delivery::failed(class, retry_after, &reason)
     }
 }
 

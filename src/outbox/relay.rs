@@ -61,7 +61,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::claim::{self, Claimed, Limits};
-use super::publisher::{Attempt, Publisher};
+use super::publisher::{Delivery, Publisher};
 use super::retry::{Class, Next, RetryPolicy};
 use super::{Database, OutboxError};
 use crate::config::RelayConfig;
@@ -135,7 +135,8 @@ pub struct Outcome {
     pub errors: usize,
 }
 
-enum Settled {
+/// How one attempt at a row ended, as the metrics count it.
+enum Fate {
     Delivered,
     Retried,
     Dead,
@@ -150,21 +151,21 @@ enum Step {
     /// Delivered, waiting to be recorded with others, under its lease.
     Published(Claimed, Lease),
     /// Settled on its own (retried, dead, lost, or an error).
-    Settled(Settled),
+    Settled(Fate),
 }
 
 impl Outcome {
-    fn add(&mut self, settled: Settled) {
+    fn add(&mut self, settled: Fate) {
         match settled {
-            Settled::Delivered => self.delivered += 1,
-            Settled::Retried => self.retried += 1,
-            Settled::Dead => self.dead += 1,
-            Settled::Lost => self.lost += 1,
-            Settled::Error => self.errors += 1,
+            Fate::Delivered => self.delivered += 1,
+            Fate::Retried => self.retried += 1,
+            Fate::Dead => self.dead += 1,
+            Fate::Lost => self.lost += 1,
+            Fate::Error => self.errors += 1,
         }
     }
 
-    fn add_all(&mut self, settled: Vec<Settled>) {
+    fn add_all(&mut self, settled: Vec<Fate>) {
         for s in settled {
             self.add(s);
         }
@@ -308,15 +309,15 @@ impl<P: Publisher> Relay<P> {
     async fn attempt(&self, row: Claimed, slots: Option<&Semaphore>) -> Step {
         let pool = &self.inner.db;
         let Some(policy) = self.inner.policies.get(&row.destination).copied() else {
-            return Step::Settled(Settled::Error); // unreachable: the claim filters by destination
+            return Step::Settled(Fate::Error); // unreachable: the claim filters by destination
         };
         let settled = if row.attempt > policy.max_attempts {
             let reason = "attempts exhausted: earlier attempts ended without a result (expired leases)";
-            claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Settled::Dead } else { Settled::Lost })
+            claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Fate::Dead } else { Fate::Lost })
         } else {
             // A lease lost mid-publish shows again in the fenced settlement.
             let (attempt, mut lease) = self.publish_renewing(&row, slots).await;
-            let Attempt::Failed { class, retry_after, reason } = attempt else {
+            let Delivery::Failed { class, retry_after, reason } = attempt else {
                 return Step::Published(row, lease);
             };
             // A settlement that fails on a database hiccup is tried again
@@ -332,7 +333,7 @@ impl<P: Publisher> Relay<P> {
     /// lease holds: giving up means the rows wait out their leases and go
     /// out twice. (Their leases are no longer renewed: each was published
     /// and is only waiting for this statement.)
-    async fn complete(&self, rows: &[Claimed], leases: impl IntoIterator<Item = Lease>) -> Vec<Settled> {
+    async fn complete(&self, rows: &[Claimed], leases: impl IntoIterator<Item = Lease>) -> Vec<Fate> {
         let Some(mut lease) = leases.into_iter().min_by_key(Lease::lapses_at) else {
             return Vec::new();
         };
@@ -345,7 +346,7 @@ impl<P: Publisher> Relay<P> {
             Ok(done) => done.into_iter().collect(),
             Err(e) => {
                 tracing::warn!(rows = rows.len(), error = %e, "cannot record outbox deliveries; their leases will expire");
-                return rows.iter().map(|row| self.record(row, Ok(Settled::Error))).collect();
+                return rows.iter().map(|row| self.record(row, Ok(Fate::Error))).collect();
             }
         };
         rows.iter()
@@ -353,31 +354,31 @@ impl<P: Publisher> Relay<P> {
                 Some(waited) => {
                     let histogram = &self.inner.metrics.outbox_commit_to_delivery;
                     histogram.with_label_values(&[row.destination.as_str()]).observe(waited.as_secs_f64());
-                    self.record(row, Ok(Settled::Delivered))
+                    self.record(row, Ok(Fate::Delivered))
                 }
-                None => self.record(row, Ok(Settled::Lost)),
+                None => self.record(row, Ok(Fate::Lost)),
             })
             .collect()
     }
 
     /// Counts a settled attempt in the metrics (and logs a failed settlement).
-    fn record(&self, row: &Claimed, settled: Result<Settled, OutboxError>) -> Settled {
+    fn record(&self, row: &Claimed, settled: Result<Fate, OutboxError>) -> Fate {
         let outcome = match &settled {
-            Ok(Settled::Delivered) => "delivered",
-            Ok(Settled::Retried) => "retried",
-            Ok(Settled::Dead) => "dead",
-            Ok(Settled::Lost) => "lease_lost",
-            Err(_) | Ok(Settled::Error) => "error",
+            Ok(Fate::Delivered) => "delivered",
+            Ok(Fate::Retried) => "retried",
+            Ok(Fate::Dead) => "dead",
+            Ok(Fate::Lost) => "lease_lost",
+            Err(_) | Ok(Fate::Error) => "error",
         };
         self.inner.metrics.outbox_attempts.with_label_values(&[row.destination.as_str(), outcome]).inc();
-        if matches!(settled, Ok(Settled::Lost)) {
+        if matches!(settled, Ok(Fate::Lost)) {
             self.inner.metrics.outbox_lease_lost.inc();
         }
         match settled {
             Ok(settled) => settled,
             Err(e) => {
                 tracing::warn!(id = row.fence.id, error = %e, "cannot record an outbox attempt; its lease will expire");
-                Settled::Error
+                Fate::Error
             }
         }
     }
@@ -389,18 +390,18 @@ impl<P: Publisher> Relay<P> {
         class: Class,
         retry_after: Option<Duration>,
         reason: &str,
-    ) -> Result<Settled, OutboxError> {
+    ) -> Result<Fate, OutboxError> {
         let pool = &self.inner.db;
-        let lost_unless = |ok: bool, settled: Settled| if ok { settled } else { Settled::Lost };
+        let lost_unless = |ok: bool, settled: Fate| if ok { settled } else { Fate::Lost };
         let unit: f64 = rand::random();
         match policy.after_failure(class, row.attempt, retry_after, unit) {
             Next::RetryIn(delay) => {
                 tracing::debug!(id = row.fence.id, ?delay, %reason, "outbox attempt failed; retrying");
-                Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Settled::Retried))
+                Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Fate::Retried))
             }
             Next::Dead => {
                 tracing::warn!(id = row.fence.id, destination = %row.destination, %reason, "outbox row is dead");
-                Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Settled::Dead))
+                Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Fate::Dead))
             }
         }
     }
@@ -419,7 +420,7 @@ impl<P: Publisher> Relay<P> {
 
     /// Waits for a slot (if `slots` is given) and publishes, renewing the
     /// lease throughout; returns the attempt and the lease as last renewed.
-    async fn publish_renewing(&self, row: &Claimed, slots: Option<&Semaphore>) -> (Attempt, Lease) {
+    async fn publish_renewing(&self, row: &Claimed, slots: Option<&Semaphore>) -> (Delivery, Lease) {
         // Counted from now, not from the claim: the claim is moments old,
         // and renewing a third of the way in leaves ample room either way.
         let mut lease = Lease::new(self.inner.settings.lease, Instant::now());

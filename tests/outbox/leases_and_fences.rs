@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idemgate::outbox::claim;
-use idemgate::outbox::publisher::{Attempt, Publisher};
+use idemgate::outbox::publisher::{Delivery, Publisher};
 use serde_json::json;
 
 use crate::support::outbox::Fixture;
@@ -20,7 +20,7 @@ async fn a_relay_lost_between_publish_and_mark_done_is_redelivered_under_the_sam
     // A relay claims and publishes, then dies before recording the delivery.
     let claimed = fx.claim(SHORT_LEASE).await;
     assert_eq!(claimed.len(), 1);
-    assert_eq!(fx.publisher().publish(&claimed[0]).await, Attempt::Delivered);
+    assert_eq!(fx.publisher().publish(&claimed[0]).await, Delivery::Delivered);
     drop(claimed);
     tokio::time::sleep(PAST_SHORT_LEASE).await;
     let relay = fx.relay(LEASE);

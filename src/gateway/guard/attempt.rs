@@ -19,7 +19,7 @@ use crate::gateway::headers::{clean_response_head, headers_to_store};
 use crate::gateway::problem::Problem;
 use crate::gateway::rewrite::rewrite;
 use crate::gateway::routes::Route;
-use crate::gateway::{Gateway, Outcome};
+use crate::gateway::{Disposition, Gateway};
 use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
@@ -91,7 +91,7 @@ impl<S: Store> Attempt<S> {
                             key = self.hashed.as_deref(),
                             "the upstream is slower than upstream_timeout: answering 504, the attempt goes on"
                         );
-                        answer(&mut reply, (Outcome::TimedOut, Problem::UpstreamTimeout { still_running: true }));
+                        answer(&mut reply, (Disposition::TimedOut, Problem::UpstreamTimeout { still_running: true }));
                         // The deadline's timer only starts now: the common,
                         // fast path pays for one timer, not two.
                         let rest = policy.upstream_deadline.saturating_sub(policy.upstream_timeout);
@@ -169,7 +169,7 @@ impl<S: Store> Attempt<S> {
 
     /// What the record becomes ([`rules`]), the record's response, what
     /// the client hears.
-    fn conclude(&self, forward: Forward) -> (Settle, Option<StoredResponse>, Outcome, Response<ResponseBody>) {
+    fn conclude(&self, forward: Forward) -> (Settle, Option<StoredResponse>, Disposition, Response<ResponseBody>) {
         let route = &self.route;
         match forward {
             Forward::Answered(buffered) => {
@@ -197,7 +197,7 @@ impl<S: Store> Attempt<S> {
     async fn renewing<T>(&self, lease: &mut Lease, work: impl Future<Output = T>) -> T {
         let gateway = &self.gateway;
         let length = gateway.policy.lease;
-        let renew = || gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_call("renew", gateway.store.renew(&self.scoped, self.fence, length));
         let observe = |renewal: &Renewal<StoreError>| match renewal {
             Renewal::Renewed => {}
             Renewal::Lost => {
@@ -229,12 +229,14 @@ impl<S: Store> Attempt<S> {
         let try_settle = || async move {
             match completion {
                 Some(completion) => {
-                    gateway.bounded(operation, gateway.store.complete(&self.scoped, self.fence, completion, ttl)).await
+                    gateway
+                        .store_call(operation, gateway.store.complete(&self.scoped, self.fence, completion, ttl))
+                        .await
                 }
-                None => gateway.bounded(operation, gateway.store.release(&self.scoped, self.fence)).await,
+                None => gateway.store_call(operation, gateway.store.release(&self.scoped, self.fence)).await,
             }
         };
-        let renew = || gateway.bounded("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_call("renew", gateway.store.renew(&self.scoped, self.fence, length));
         let failed = |error: &StoreError, tries| {
             if tries == 1 {
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
@@ -256,7 +258,7 @@ impl<S: Store> Attempt<S> {
 }
 
 /// Sends `answer` to the waiting client, once.
-fn answer(reply: &mut Option<oneshot::Sender<Answer>>, (outcome, problem): (Outcome, Problem)) {
+fn answer(reply: &mut Option<oneshot::Sender<Answer>>, (outcome, problem): (Disposition, Problem)) {
     if let Some(reply) = reply.take() {
         let _ = reply.send((outcome, problem.to_response()));
     }

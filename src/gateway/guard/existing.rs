@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::attempt::{Attempt, Forward, respond};
 use super::{Answer, rules, unguarded_problem};
 use crate::config::{ConcurrentMode, FailMode};
-use crate::gateway::Outcome;
+use crate::gateway::Disposition;
 use crate::gateway::headers::IDEMPOTENT_REPLAYED;
 use crate::gateway::problem::Problem;
 use crate::gateway::rewrite::rewrite;
@@ -33,11 +33,11 @@ impl<S: Store> Attempt<S> {
         };
         let wait_until = Instant::now() + policy.wait_timeout;
         let mut pause = rules::FIRST_PAUSE;
-        let in_flight = |retry_after| (Outcome::Conflict, Problem::RequestInFlight { retry_after }.to_response());
+        let in_flight = |retry_after| (Disposition::Conflict, Problem::RequestInFlight { retry_after }.to_response());
         loop {
             let lease_left = match rules::answer_for(decide(&record, fingerprint)) {
                 rules::Answer::Final(outcome, problem) => return (outcome, problem.to_response()),
-                rules::Answer::Replay(stored) => return (Outcome::Replayed, replay(stored)),
+                rules::Answer::Replay(stored) => return (Disposition::Replayed, replay(stored)),
                 rules::Answer::Busy { lease_left } => lease_left,
             };
             if policy.concurrent != ConcurrentMode::Wait || Instant::now() + pause >= wait_until {
@@ -45,7 +45,7 @@ impl<S: Store> Attempt<S> {
             }
             tokio::time::sleep(pause).await;
             pause = rules::next_pause(pause);
-            record = match self.gateway.bounded("get", self.gateway.store.get(&self.scoped)).await {
+            record = match self.gateway.store_call("get", self.gateway.store.get(&self.scoped)).await {
                 Ok(Some(next)) => match next {
                     Record::InFlight { fence, .. } if Some(fence) != awaited => {
                         return in_flight(rules::LAPSED_RETRY_AFTER);
@@ -56,7 +56,7 @@ impl<S: Store> Attempt<S> {
                 Ok(None) => return in_flight(rules::LAPSED_RETRY_AFTER),
                 Err(e) => {
                     tracing::warn!(key = self.hashed.as_deref(), error = %e, "store unavailable while waiting");
-                    return (Outcome::StoreError, Problem::StoreUnavailable.to_response());
+                    return (Disposition::StoreError, Problem::StoreUnavailable.to_response());
                 }
             };
         }
@@ -72,7 +72,7 @@ impl<S: Store> Attempt<S> {
     ) -> Answer {
         tracing::warn!(key = self.hashed.as_deref(), error = %error, "store unavailable");
         match self.gateway.policy.fail_mode {
-            FailMode::Closed => (Outcome::StoreError, Problem::StoreUnavailable.to_response()),
+            FailMode::Closed => (Disposition::StoreError, Problem::StoreUnavailable.to_response()),
             FailMode::Open => {
                 let response = match rewrite(&self.route, parts, full(body.bytes.clone()), &self.client, None) {
                     Ok(request) => match self.forward_unguarded(request).await {
@@ -81,7 +81,7 @@ impl<S: Store> Attempt<S> {
                     },
                     Err(_) => Problem::Internal.to_response(),
                 };
-                (Outcome::FailOpen, response)
+                (Disposition::FailOpen, response)
             }
         }
     }

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use super::problem::Problem;
 use super::routes::Route;
-use super::{Gateway, Outcome};
+use super::{Disposition, Gateway};
 use crate::http::body::ResponseBody;
 use crate::http::client::UpstreamError;
 use crate::http::connection::ConnectionInfo;
@@ -42,8 +42,8 @@ mod attempt;
 mod existing;
 mod rules;
 
-type Guarded = (Outcome, Option<String>, Response<ResponseBody>);
-pub(super) type Answer = (Outcome, Response<ResponseBody>);
+type Guarded = (Disposition, Option<String>, Response<ResponseBody>);
+pub(super) type Answer = (Disposition, Response<ResponseBody>);
 
 /// Guards one request that carries a key.
 pub(super) async fn run<S: Store>(
@@ -68,17 +68,17 @@ pub(super) async fn run<S: Store>(
     };
     let body = match read {
         Ok(body) => body,
-        Err(error) => return (Outcome::BadBody, None, refuse_body(error, body, parts.version)),
+        Err(error) => return (Disposition::BadBody, None, refuse_body(error, body, parts.version)),
     };
     let tenant = match gateway.tenant.tenant_of(&parts.headers) {
         Ok(tenant) => tenant,
-        Err(e) => return (Outcome::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
+        Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
     };
     let scoped = ScopedKey::new(&tenant, &key);
     let hashed = Some(scoped.to_hex()[..16].to_owned());
     let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);
     let fence = Fence::random();
-    let begin = gateway.bounded("begin", gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
+    let begin = gateway.store_call("begin", gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
     let begun_at = Instant::now();
     let attempt = Attempt {
         gateway: gateway.clone(),
@@ -101,7 +101,7 @@ pub(super) async fn run<S: Store>(
             // Boxed, because a task's cell holds its future inline and tokio
             // moves that cell (kilobytes here) several times per spawn.
             gateway.tasks.spawn(Box::pin(attempt.run(parts, body, begun_at, reply)));
-            answer.await.unwrap_or_else(|_| (Outcome::UpstreamError, Problem::Internal.to_response()))
+            answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
         }
         Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
         Err(e) => attempt.store_down(e, parts, body).await,

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::config::OnUnknown;
-use crate::gateway::Outcome;
+use crate::gateway::Disposition;
 use crate::gateway::problem::Problem;
 use crate::idempotency::{Decision, StatusPolicy, StoredResponse};
 
@@ -32,11 +32,11 @@ pub(super) enum Settle {
 /// body read to its end (`whole`: within the stored-response cap): store
 /// what says the upstream acted, release what says it did not. The client
 /// gets the upstream's response either way.
-pub(super) fn settle_answer(status: u16, whole: bool, stores: &StatusPolicy) -> (Settle, Outcome) {
+pub(super) fn settle_answer(status: u16, whole: bool, stores: &StatusPolicy) -> (Settle, Disposition) {
     if stores.stores(status) {
-        (Settle::Complete { keep_response: whole }, Outcome::Forwarded)
+        (Settle::Complete { keep_response: whole }, Disposition::Forwarded)
     } else {
-        (Settle::Release, Outcome::Released)
+        (Settle::Release, Disposition::Released)
     }
 }
 
@@ -49,20 +49,20 @@ pub(super) fn settle_failure(
     may_have_been_sent: bool,
     stores: &StatusPolicy,
     on_unknown: OnUnknown,
-) -> (Settle, Outcome, Problem) {
+) -> (Settle, Disposition, Problem) {
     match head_status {
         // A head that says the upstream acted, then a broken body: the
         // effect happened, so the key must not run again.
         Some(status) if stores.stores(status) => {
-            (Settle::Complete { keep_response: false }, Outcome::UpstreamError, Problem::ResponseIncomplete)
+            (Settle::Complete { keep_response: false }, Disposition::UpstreamError, Problem::ResponseIncomplete)
         }
-        Some(_) => (Settle::Release, Outcome::UpstreamError, Problem::UpstreamUnavailable { sent: true }),
+        Some(_) => (Settle::Release, Disposition::UpstreamError, Problem::UpstreamUnavailable { sent: true }),
         None if !may_have_been_sent => {
-            (Settle::Release, Outcome::UpstreamError, Problem::UpstreamUnavailable { sent: false })
+            (Settle::Release, Disposition::UpstreamError, Problem::UpstreamUnavailable { sent: false })
         }
         None => match on_unknown {
-            OnUnknown::Hold => (Settle::Unknown, Outcome::Unknown, Problem::OutcomeUnknown { held: true }),
-            OnUnknown::Release => (Settle::Release, Outcome::Unknown, Problem::OutcomeUnknown { held: false }),
+            OnUnknown::Hold => (Settle::Unknown, Disposition::Unknown, Problem::OutcomeUnknown { held: true }),
+            OnUnknown::Release => (Settle::Release, Disposition::Unknown, Problem::OutcomeUnknown { held: false }),
         },
     }
 }
@@ -71,7 +71,7 @@ pub(super) fn settle_failure(
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Answer<'a> {
     /// A final answer.
-    Final(Outcome, Problem),
+    Final(Disposition, Problem),
     /// Replay the stored response.
     Replay(&'a StoredResponse),
     /// Another attempt runs: `409` now, or wait for it (`concurrent = "wait"`).
@@ -84,10 +84,10 @@ pub(super) enum Answer<'a> {
 /// What [`Decision`] a record leads to, as an answer.
 pub(super) fn answer_for(decision: Decision<'_>) -> Answer<'_> {
     match decision {
-        Decision::Mismatch => Answer::Final(Outcome::Mismatch, Problem::KeyMismatch),
+        Decision::Mismatch => Answer::Final(Disposition::Mismatch, Problem::KeyMismatch),
         Decision::Replay(stored) => Answer::Replay(stored),
-        Decision::NotReplayable => Answer::Final(Outcome::NotReplayable, Problem::ResponseNotReplayable),
-        Decision::OutcomeUnknown => Answer::Final(Outcome::Held, Problem::OutcomeUnknown { held: true }),
+        Decision::NotReplayable => Answer::Final(Disposition::NotReplayable, Problem::ResponseNotReplayable),
+        Decision::OutcomeUnknown => Answer::Final(Disposition::Held, Problem::OutcomeUnknown { held: true }),
         Decision::InFlight { retry_after } => Answer::Busy { lease_left: retry_after },
         // Its attempt is gone and the next begin takes over: soon free.
         Decision::Lapsed => Answer::Busy { lease_left: LAPSED_RETRY_AFTER },
@@ -119,10 +119,13 @@ mod tests {
     #[test]
     fn an_answer_that_says_the_upstream_acted_is_stored_and_one_that_says_it_did_not_is_released() {
         let policy = StatusPolicy::default();
-        assert_eq!(settle_answer(201, true, &policy), (Settle::Complete { keep_response: true }, Outcome::Forwarded));
+        assert_eq!(
+            settle_answer(201, true, &policy),
+            (Settle::Complete { keep_response: true }, Disposition::Forwarded)
+        );
         assert_eq!(settle_answer(201, false, &policy).0, Settle::Complete { keep_response: false });
         for status in [409, 429, 500, 503] {
-            assert_eq!(settle_answer(status, true, &policy), (Settle::Release, Outcome::Released), "{status}");
+            assert_eq!(settle_answer(status, true, &policy), (Settle::Release, Disposition::Released), "{status}");
         }
     }
 
@@ -132,26 +135,29 @@ mod tests {
         let failure = |status, sent| settle_failure(status, sent, &policy, OnUnknown::Hold);
         assert_eq!(
             failure(Some(201), true),
-            (Settle::Complete { keep_response: false }, Outcome::UpstreamError, Problem::ResponseIncomplete)
+            (Settle::Complete { keep_response: false }, Disposition::UpstreamError, Problem::ResponseIncomplete)
         );
         assert_eq!(failure(Some(502), true).0, Settle::Release);
         assert_eq!(
             failure(None, false),
-            (Settle::Release, Outcome::UpstreamError, Problem::UpstreamUnavailable { sent: false })
+            (Settle::Release, Disposition::UpstreamError, Problem::UpstreamUnavailable { sent: false })
         );
-        assert_eq!(failure(None, true), (Settle::Unknown, Outcome::Unknown, Problem::OutcomeUnknown { held: true }));
+        assert_eq!(
+            failure(None, true),
+            (Settle::Unknown, Disposition::Unknown, Problem::OutcomeUnknown { held: true })
+        );
         let released = settle_failure(None, true, &policy, OnUnknown::Release);
-        assert_eq!(released, (Settle::Release, Outcome::Unknown, Problem::OutcomeUnknown { held: false }));
+        assert_eq!(released, (Settle::Release, Disposition::Unknown, Problem::OutcomeUnknown { held: false }));
     }
 
     #[test]
     fn every_decision_has_its_answer() {
         let stored = StoredResponse { status: 201, headers: vec![], body: "ok".into() };
         assert_eq!(answer_for(Decision::Replay(&stored)), Answer::Replay(&stored));
-        assert_eq!(answer_for(Decision::Mismatch), Answer::Final(Outcome::Mismatch, Problem::KeyMismatch));
+        assert_eq!(answer_for(Decision::Mismatch), Answer::Final(Disposition::Mismatch, Problem::KeyMismatch));
         assert_eq!(
             answer_for(Decision::OutcomeUnknown),
-            Answer::Final(Outcome::Held, Problem::OutcomeUnknown { held: true })
+            Answer::Final(Disposition::Held, Problem::OutcomeUnknown { held: true })
         );
         let left = Duration::from_secs(7);
         assert_eq!(answer_for(Decision::InFlight { retry_after: left }), Answer::Busy { lease_left: left });

@@ -163,7 +163,7 @@ mod tests {
 
     fn message(headers: &[(&str, &str)]) -> Claimed {
         Claimed {
-            fence: crate::outbox::claim::Fence { id: 1, attempts: 1 },
+            fence: crate::outbox::claim::ClaimFence { id: 1, attempts: 1 },
             attempt: 1,
             derived_key: "k".repeat(64),
             destination: "email".into(),
