@@ -37,9 +37,11 @@ mod budget;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use budget::Budget;
+// tokio's clock, so tests drive leases and TTLs with `tokio::time::pause`.
+use tokio::time::Instant;
 
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ByteSize;

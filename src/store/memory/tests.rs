@@ -201,6 +201,30 @@ async fn expired_records_are_reclaimed_before_the_store_fills() {
     assert!(shard.map.contains_key(&key(64)) && !shard.map.contains_key(&key(0)));
 }
 
+/// Leases and TTLs run on tokio's clock: a paused test moves through them
+/// without sleeping.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lapses_after_its_length_and_a_record_after_its_ttl() {
+    let store = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
+    let fp = Fingerprint([1; 32]);
+    store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
+    tokio::time::advance(LEASE - Duration::from_millis(1)).await;
+    let held = store.try_begin(&key(0), &fp, Fence(2), LEASE).await.unwrap();
+    assert!(
+        matches!(held, Begin::Existing(Record::InFlight { lease_remaining, .. }) if lease_remaining == Duration::from_millis(1)),
+        "{held:?}"
+    );
+    assert!(store.renew(&key(0), Fence(1), LEASE).await.unwrap(), "renewed a moment before it lapsed");
+    tokio::time::advance(LEASE).await;
+    assert_eq!(store.try_begin(&key(0), &fp, Fence(3), LEASE).await.unwrap(), Begin::Acquired { took_over: true });
+    assert!(!store.renew(&key(0), Fence(1), LEASE).await.unwrap(), "the first attempt is fenced out");
+    assert!(store.complete(&key(0), Fence(3), Completion::NotKept, TTL).await.unwrap());
+    tokio::time::advance(TTL - Duration::from_millis(1)).await;
+    assert!(store.get(&key(0)).await.unwrap().is_some(), "kept for its whole ttl");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(store.get(&key(0)).await.unwrap(), None, "gone once it expired");
+}
+
 /// One step of a mixed workload over a few keys in a few shards.
 #[derive(Debug, Clone)]
 enum Step {
