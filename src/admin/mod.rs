@@ -18,24 +18,28 @@
 //! header's value, or nothing for a fixed tenant — so an operator addresses
 //! exactly the record that client's retries would, and no other. The
 //! stored body is never returned: it may hold a customer's data.
-//! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step.
+//! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step,
+//! and one keeps the router (`router`, shared with the relay) and it.
 //! A standalone relay serves the probes, metrics and outbox routes on its
-//! own listener ([`relay`]).
+//! own listener ([`relay`]); what the two listeners share is `surface`.
 
 mod auth;
 mod outbox;
 mod query;
 pub mod relay;
+mod router;
+mod surface;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
 pub use auth::{AccessDenied, AdminAccess};
+pub use router::ROUTES;
 
 use crate::gateway::Gateway;
 use crate::gateway::problem::Problem;
@@ -43,97 +47,47 @@ use crate::http::body::{ResponseBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
 use crate::store::Store;
-
-/// Every route the admin listener serves: (method, path template).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
-    ("GET", "/admin/keys/{key}"),
-    ("DELETE", "/admin/keys/{key}"),
-    ("GET", "/admin/outbox/dead"),
-    ("POST", "/admin/outbox/dead/{id}/redrive"),
-    ("POST", "/admin/outbox/redrive"),
-    ("GET", "/admin/outbox/unroutable"),
-];
+use router::{KeyRoutes, Route};
+use surface::Surface;
 
 /// What the admin handlers need.
 pub struct Admin<S> {
     gateway: Arc<Gateway<S>>,
-    access: AdminAccess,
-    outbox: Option<crate::postgres::Database>,
-    destinations: Vec<String>,
+    surface: Surface,
 }
 
 impl<S: Store> Admin<S> {
     /// The admin surface of a gateway.
     pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
-        Self { gateway, access, outbox: None, destinations: Vec::new() }
+        let surface = Surface::new(access, KeyRoutes::Served, gateway.metrics().clone());
+        Self { gateway, surface }
     }
 
     /// Serves the outbox routes (and checks the database for readiness).
     pub fn with_outbox(mut self, outbox: Option<crate::postgres::Database>) -> Self {
-        self.outbox = outbox;
+        self.surface = self.surface.with_outbox(outbox);
         self
     }
 
     /// The configured outbox destinations: rows for any other are listed as unroutable.
     pub fn with_destinations(mut self, destinations: Vec<String>) -> Self {
-        self.destinations = destinations;
+        self.surface = self.surface.with_destinations(destinations);
         self
     }
 
     /// Handles one admin request.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
-        let path = request.uri().path().to_owned();
-        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let (template, allow) = match segments.as_slice() {
-            ["healthz"] => ("/healthz", "GET"),
-            ["readyz"] => ("/readyz", "GET"),
-            ["metrics"] => ("/metrics", "GET"),
-            ["admin", "keys", key] if !key.is_empty() => ("/admin/keys/{key}", "GET, DELETE"),
-            ["admin", "outbox", "dead"] => ("/admin/outbox/dead", "GET"),
-            ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => ("/admin/outbox/dead/{id}/redrive", "POST"),
-            ["admin", "outbox", "redrive"] => ("/admin/outbox/redrive", "POST"),
-            ["admin", "outbox", "unroutable"] => ("/admin/outbox/unroutable", "GET"),
-            _ => return Problem::NotFound.to_response(),
-        };
-        if !ROUTES.iter().any(|(method, path)| *path == template && request.method().as_str() == *method) {
-            return Problem::MethodNotAllowed(allow).to_response();
-        }
-        if template.starts_with("/admin/")
-            && let Err(denied) = self.access.check(request.headers())
-        {
-            return match denied {
-                AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
-                AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
-            };
-        }
-        match (template, segments.last().copied().unwrap_or("")) {
-            ("/healthz", _) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
-            ("/readyz", _) => self.ready().await,
-            ("/metrics", _) => {
-                let mut response = Response::new(full(self.gateway.metrics().render()));
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-                response
-            }
-            ("/admin/outbox/dead", _) => outbox::list_dead(self.outbox.as_ref(), &request).await,
-            ("/admin/outbox/dead/{id}/redrive", _) => {
-                outbox::redrive(self.outbox.as_ref(), segments.get(3).copied()).await
-            }
-            ("/admin/outbox/redrive", _) => outbox::redrive(self.outbox.as_ref(), None).await,
-            ("/admin/outbox/unroutable", _) => {
-                outbox::list_unroutable(self.outbox.as_ref(), &self.destinations, &request).await
-            }
-            (_, key) => self.key(&request, key, request.method() == Method::DELETE).await,
+        match self.surface.admit(&request) {
+            Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
+            Ok(Route::Readiness) => self.ready().await,
+            Ok(Route::Key { raw_key, purge }) => self.key(&request, raw_key, purge).await,
+            Err(problem) => problem.to_response(),
         }
     }
 
     async fn ready(&self) -> Response<ResponseBody> {
         let store = tokio::time::timeout(Duration::from_secs(2), self.gateway.store().ping()).await;
-        if let (Ok(Ok(())), Some(db)) = (&store, &self.outbox) {
+        if let (Ok(Ok(())), Some(db)) = (&store, self.surface.outbox()) {
             return match outbox::ping(db).await {
                 true => json(StatusCode::OK, serde_json::json!({ "status": "ready", "store": "ok", "database": "ok" })),
                 false => json(

@@ -8,13 +8,15 @@
 
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use super::{AccessDenied, AdminAccess, json, outbox};
+use super::router::{KeyRoutes, Route};
+use super::surface::Surface;
+use super::{AdminAccess, json, outbox};
 use crate::gateway::problem::Problem;
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::ResponseBody;
 use crate::metrics::Metrics;
 use crate::outbox::relay::Readiness;
 use crate::postgres::Database;
@@ -22,10 +24,8 @@ use crate::postgres::Database;
 /// What the relay's admin listener needs.
 pub struct RelayAdmin {
     db: Database,
-    metrics: Arc<Metrics>,
-    access: AdminAccess,
     readiness: Arc<Readiness>,
-    destinations: Vec<String>,
+    surface: Surface,
 }
 
 impl RelayAdmin {
@@ -37,45 +37,19 @@ impl RelayAdmin {
         readiness: Arc<Readiness>,
         destinations: Vec<String>,
     ) -> Self {
-        Self { db, metrics, access, readiness, destinations }
+        let surface = Surface::new(access, KeyRoutes::Absent, metrics)
+            .with_outbox(Some(db.clone()))
+            .with_destinations(destinations);
+        Self { db, readiness, surface }
     }
 
     async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
-        let path = request.uri().path().to_owned();
-        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let allow = match segments.as_slice() {
-            ["healthz"] | ["readyz"] | ["metrics"] | ["admin", "outbox", "dead" | "unroutable"] => "GET",
-            ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => "POST",
-            ["admin", "outbox", "redrive"] => "POST",
-            _ => return Problem::NotFound.to_response(),
-        };
-        if request.method().as_str() != allow {
-            return Problem::MethodNotAllowed(allow).to_response();
-        }
-        if segments[0] == "admin"
-            && let Err(denied) = self.access.check(request.headers())
-        {
-            return match denied {
-                AccessDenied::Unauthorized => Problem::Unauthorized.to_response(),
-                AccessDenied::Disabled => Problem::AdminDisabled.to_response(),
-            };
-        }
-        match segments.as_slice() {
-            ["healthz"] => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
-            ["readyz"] => self.ready().await,
-            ["metrics"] => {
-                let mut response = Response::new(full(self.metrics.render()));
-                let text = HeaderValue::from_static("text/plain; version=0.0.4");
-                response.headers_mut().insert(header::CONTENT_TYPE, text);
-                response
-            }
-            ["admin", "outbox", "dead"] => outbox::list_dead(Some(&self.db), &request).await,
-            ["admin", "outbox", "dead", id, "redrive"] => outbox::redrive(Some(&self.db), Some(id)).await,
-            ["admin", "outbox", "redrive"] => outbox::redrive(Some(&self.db), None).await,
-            ["admin", "outbox", "unroutable"] => {
-                outbox::list_unroutable(Some(&self.db), &self.destinations, &request).await
-            }
-            _ => Problem::NotFound.to_response(),
+        match self.surface.admit(&request) {
+            Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
+            Ok(Route::Readiness) => self.ready().await,
+            // Routed only where the keys routes are served, which is not here.
+            Ok(Route::Key { .. }) => Problem::NotFound.to_response(),
+            Err(problem) => problem.to_response(),
         }
     }
 

@@ -22,6 +22,7 @@
 pub mod codec;
 pub mod memory;
 pub mod postgres;
+mod record_codec;
 pub mod redis;
 pub mod sealing;
 

@@ -12,7 +12,9 @@
 //! `expires_at`: the lease end while in flight, the retention end once
 //! completed. Time is the database's `clock_timestamp()` only. With
 //! `store_encryption` keys the response is sealed ([`super::sealing`]),
-//! bound to its record's key, exactly as in the Redis store.
+//! bound to its record's key. The fields are checked, and the response
+//! sealed and opened, by the record codec the Redis store uses too
+//! (`record_codec`); this file only moves them in and out of rows.
 //!
 //! Rows do not vanish by themselves as Redis keys do, so an expired row is
 //! treated as absent by every statement: `get` does not see it, fenced
@@ -38,10 +40,11 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::sealing::{self, Sealer};
+use super::record_codec::{IN_FLIGHT, RecordCodec, StoredFields};
+use super::sealing::Sealer;
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
-use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use crate::postgres::{Database, Endpoint, PostgresError, Schema, migrate};
 
 /// How often expired rows are deleted.
@@ -95,7 +98,7 @@ DELETE FROM idemgate.gateway_keys WHERE key IN (
 
 /// See the module docs.
 pub struct PostgresStore {
-    sealer: Option<Arc<Sealer>>,
+    codec: RecordCodec,
     db: Arc<Database>,
     timeout: Duration,
 }
@@ -145,48 +148,28 @@ impl PostgresStore {
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
         let db = Arc::new(db);
         tokio::spawn(cleanup(Arc::downgrade(&db)));
-        Ok(Self { sealer: None, db, timeout })
+        Ok(Self { codec: RecordCodec::new("postgres record"), db, timeout })
     }
 
     /// Seals stored responses with these keys from now on.
     pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
-        self.sealer = sealer;
+        self.codec = self.codec.sealed(sealer);
         self
     }
 
-    /// The stored form of a response: encoded, then sealed if keys are set.
-    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
-        sealing::seal_response(self.sealer.as_deref(), key, response)
-    }
-
-    /// Reads a stored response back (see [`sealing::open_response`]).
-    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
-        sealing::open_response(self.sealer.as_deref(), key, stored)
-    }
-
-    /// Builds a record from `state, fingerprint, fence, response, remaining_ms` at `offset`.
+    /// The record in `state, fingerprint, fence, response, remaining_ms` at `offset`.
     fn record(&self, key: &ScopedKey, row: &tokio_postgres::Row, offset: usize) -> Result<Record, StoreError> {
-        let corrupt = |what: &str| StoreError::Corrupt(format!("postgres record: {what}"));
-        let get_err = |e: tokio_postgres::Error| corrupt(&e.to_string());
+        let get_err = |e: tokio_postgres::Error| self.codec.corrupt(&e.to_string());
         let state: i8 = row.try_get(offset).map_err(get_err)?;
-        let fingerprint: Vec<u8> = row.try_get(offset + 1).map_err(get_err)?;
-        let fingerprint = Fingerprint(fingerprint.try_into().map_err(|_| corrupt("fingerprint is not 32 bytes"))?);
-        let fence: i64 = row.try_get(offset + 2).map_err(get_err)?;
-        let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(get_err)?;
-        let remaining: i64 = row.try_get(offset + 4).map_err(get_err)?;
-        match state as u8 {
-            b'i' => Ok(Record::InFlight {
-                fingerprint,
-                fence: Fence(fence as u64),
-                lease_remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
-            }),
-            b'c' => Ok(Record::Completed {
-                fingerprint,
-                response: response.map(|stored| self.decode(key, stored)).transpose()?,
-            }),
-            b'u' => Ok(Record::Unknown { fingerprint }),
-            _ => Err(corrupt("unknown state")),
-        }
+        let fields = StoredFields {
+            state: vec![state as u8],
+            fingerprint: row.try_get(offset + 1).map_err(get_err)?,
+            // The `u64` is kept bit for bit in a `bigint`.
+            fence: Some(row.try_get::<_, i64>(offset + 2).map_err(get_err)? as u64),
+            response: row.try_get(offset + 3).map_err(get_err)?,
+            lease_remaining_ms: Some(row.try_get(offset + 4).map_err(get_err)?),
+        };
+        self.codec.decode(key, fields)
     }
 
     async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
@@ -254,7 +237,7 @@ impl Store for PostgresStore {
             let old_expired: Option<bool> = row.try_get(6).map_err(unavailable)?;
             if acquired {
                 let old_fingerprint: Option<Vec<u8>> = row.try_get(2).map_err(unavailable)?;
-                let took_over = old_state == Some(b'i' as i8)
+                let took_over = old_state == Some(IN_FLIGHT as i8)
                     && old_expired == Some(true)
                     && old_fingerprint.as_deref() == Some(fp);
                 return Ok(Begin::Acquired { took_over });
@@ -281,13 +264,9 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key_bytes = &key.as_bytes()[..];
-        let (state, encoded) = match completion {
-            Completion::Response(response) => (b'c', Some(self.encode(key, response)?)),
-            Completion::NotKept => (b'c', None),
-            Completion::Unknown => (b'u', None),
-        };
-        let state = state as i8;
-        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &encoded, &millis(ttl), &state]).await? == 1)
+        let written = self.codec.encode(key, completion)?;
+        let (state, response) = (written.state as i8, written.response);
+        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &response, &millis(ttl), &state]).await? == 1)
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {

@@ -2,8 +2,10 @@
 //!
 //! A record is one hash at `<prefix>{<hex of the scoped key>}`: `st` (`i`
 //! in flight, `c` completed, `u` outcome unknown), `fp` (fingerprint), `fence`, `until` (lease
-//! end, ms, by Redis's clock) and `resp` (the encoded response, absent when
-//! it was too large to keep). Redis expires records by itself: a completed
+//! end, ms, by Redis's clock) and `resp` (the encoded, maybe sealed
+//! response, absent when it was too large to keep). The fields are checked,
+//! and the response sealed and opened, by the record codec the Postgres
+//! store uses too (`record_codec`). Redis expires records by itself: a completed
 //! record `ttl` after completion, an in-flight one two lease lengths after
 //! its last renewal (past `until` it already counts as absent; the second
 //! length only lets a same-fingerprint begin be reported as a takeover).
@@ -41,10 +43,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, TlsCertificates, Value};
 
-use super::sealing::{self, Sealer};
+use super::record_codec::{RecordCodec, StoredFields};
+use super::sealing::Sealer;
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
-use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse};
+use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use scripts::Scripts;
 
 #[derive(Clone)]
@@ -97,7 +100,7 @@ impl Connection {
 
 /// See the module docs.
 pub struct RedisStore {
-    sealer: Option<Arc<Sealer>>,
+    codec: RecordCodec,
     connection: Connection,
     scripts: Scripts,
     prefix: String,
@@ -170,7 +173,8 @@ impl RedisStore {
                 .set_number_of_retries(0);
             Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
         };
-        let store = Self { sealer: None, connection, scripts: Scripts::new(), prefix, timeout };
+        let store =
+            Self { codec: RecordCodec::new("redis record"), connection, scripts: Scripts::new(), prefix, timeout };
         // One attempt now, so an outage at start is logged where it is seen;
         // a failed attempt also starts the connection's own reconnect.
         if let Err(e) = store.ping().await {
@@ -182,18 +186,13 @@ impl RedisStore {
 
     /// Seals stored responses with these keys from now on.
     pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
-        self.sealer = sealer;
+        self.codec = self.codec.sealed(sealer);
         self
     }
 
-    /// The stored form of a response: encoded, then sealed if keys are set.
-    fn encode(&self, key: &ScopedKey, response: &StoredResponse) -> Result<Vec<u8>, StoreError> {
-        sealing::seal_response(self.sealer.as_deref(), key, response)
-    }
-
-    /// Reads a stored response back (see [`sealing::open_response`]).
-    fn decode(&self, key: &ScopedKey, stored: Vec<u8>) -> Result<StoredResponse, StoreError> {
-        sealing::open_response(self.sealer.as_deref(), key, stored)
+    /// The record in a `{st, fp, fence, resp, remaining}` reply of the scripts.
+    fn record(&self, key: &ScopedKey, reply: Value) -> Result<Record, StoreError> {
+        self.codec.decode(key, stored_fields(&self.codec, reply)?)
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
@@ -252,44 +251,28 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Reads the `{st, fp, fence, resp, remaining}` array the scripts return;
-/// the stored response comes back raw for [`RedisStore::decode`].
-fn parse_record(
-    value: Value,
-    decode: impl FnOnce(Vec<u8>) -> Result<StoredResponse, StoreError>,
-) -> Result<Record, StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt(format!("redis record: {what}"));
-    let Value::Array(fields) = value else {
-        return Err(corrupt("not an array"));
+/// The raw fields of a `{st, fp, fence, resp, remaining}` reply; the
+/// codec checks them.
+fn stored_fields(codec: &RecordCodec, reply: Value) -> Result<StoredFields, StoreError> {
+    let Value::Array(fields) = reply else {
+        return Err(codec.corrupt("not an array"));
     };
-    let [st, fp, fence, resp, pttl] = <[Value; 5]>::try_from(fields).map_err(|_| corrupt("wrong field count"))?;
-    let bytes = |v: Value| -> Result<Vec<u8>, StoreError> {
-        Vec::<u8>::from_redis_value(v).map_err(|_| corrupt("field is not a string"))
-    };
-    let fingerprint = Fingerprint(bytes(fp)?.try_into().map_err(|_| corrupt("fingerprint is not 32 bytes"))?);
-    match bytes(st)?.as_slice() {
-        b"i" => {
-            let fence = String::from_utf8(bytes(fence)?)
-                .ok()
-                .and_then(|f| f.parse().ok())
-                .ok_or_else(|| corrupt("bad fence"))?;
-            let pttl = i64::from_redis_value(pttl).map_err(|_| corrupt("bad ttl"))?;
-            Ok(Record::InFlight {
-                fingerprint,
-                fence: Fence(fence),
-                lease_remaining: Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
-            })
-        }
-        b"c" => {
-            let response = match resp {
-                Value::Nil => None,
-                other => Some(decode(bytes(other)?)?),
-            };
-            Ok(Record::Completed { fingerprint, response })
-        }
-        b"u" => Ok(Record::Unknown { fingerprint }),
-        _ => Err(corrupt("unknown state")),
-    }
+    let [st, fp, fence, resp, pttl] = <[Value; 5]>::try_from(fields).map_err(|_| codec.corrupt("wrong field count"))?;
+    let bytes = |v: Value| Vec::<u8>::from_redis_value(v).map_err(|_| codec.corrupt("field is not a string"));
+    let fingerprint = bytes(fp)?;
+    Ok(StoredFields {
+        state: bytes(st)?,
+        fingerprint,
+        fence: Vec::<u8>::from_redis_value(fence)
+            .ok()
+            .and_then(|f| String::from_utf8(f).ok())
+            .and_then(|f| f.parse().ok()),
+        lease_remaining_ms: i64::from_redis_value(pttl).ok(),
+        response: match resp {
+            Value::Nil => None,
+            other => Some(bytes(other)?),
+        },
+    })
 }
 
 impl Store for RedisStore {
@@ -307,7 +290,7 @@ impl Store for RedisStore {
             Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
             Value::SimpleString(s) if s == "taken_over" => Ok(Begin::Acquired { took_over: true }),
             Value::BulkString(s) if s == b"taken_over" => Ok(Begin::Acquired { took_over: true }),
-            other => parse_record(other, |raw| self.decode(key, raw)).map(Begin::Existing),
+            other => self.record(key, other).map(Begin::Existing),
         }
     }
 
@@ -324,13 +307,12 @@ impl Store for RedisStore {
         completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        let written = self.codec.encode(key, completion)?;
         let mut invocation = self.scripts.complete.key(self.redis_key(key));
-        invocation.arg(fence.0).arg(millis(ttl));
-        match completion {
-            Completion::Response(response) => invocation.arg("r").arg(self.encode(key, response)?),
-            Completion::NotKept => invocation.arg("n").arg(""),
-            Completion::Unknown => invocation.arg("u").arg(""),
-        };
+        invocation.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]);
+        if let Some(response) = written.response {
+            invocation.arg(response);
+        }
         self.run::<i64>(invocation).await.map(|n| n == 1)
     }
 
@@ -343,7 +325,7 @@ impl Store for RedisStore {
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
         match self.run::<Value>(self.scripts.get.key(self.redis_key(key))).await? {
             Value::Nil => Ok(None),
-            other => parse_record(other, |raw| self.decode(key, raw)).map(Some),
+            other => self.record(key, other).map(Some),
         }
     }
 

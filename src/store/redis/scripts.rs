@@ -59,11 +59,12 @@ redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return 1
 ";
 
-// ARGV: fence, ttl ms, completion ('r' response, 'n' not kept, 'u' unknown), encoded response.
+// ARGV: fence, ttl ms, the new state ('c' or 'u'), then the stored response
+// when one is kept.
 const COMPLETE: &str = r"
-if ARGV[3] == 'u' then redis.call('HSET', KEYS[1], 'st', 'u') else redis.call('HSET', KEYS[1], 'st', 'c') end
+redis.call('HSET', KEYS[1], 'st', ARGV[3])
 redis.call('HDEL', KEYS[1], 'until')
-if ARGV[3] == 'r' then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
+if ARGV[4] then redis.call('HSET', KEYS[1], 'resp', ARGV[4]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
