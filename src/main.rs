@@ -139,18 +139,22 @@ fn run(command: Command) -> Result<(), String> {
         Command::Serve(args) => {
             let config = args.load()?;
             idemgate::app::init_logging(&config);
-            for warning in idemgate::app::check::check(&config)? {
+            for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
             if args.relay {
-                runtime.block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
+                runtime
+                    .block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
+                    .map_err(|e| e.to_string())
             } else {
-                runtime.block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
+                runtime
+                    .block_on(idemgate::app::serve(&config, idemgate::app::shutdown_signal()))
+                    .map_err(|e| e.to_string())
             }
         }
         Command::CheckConfig(args) => {
             let config = args.load()?;
-            for warning in idemgate::app::check::check(&config)? {
+            for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 eprintln!("warning: {warning}");
             }
             let printed = toml::to_string(&config).map_err(|e| e.to_string())?;
@@ -164,15 +168,17 @@ fn run(command: Command) -> Result<(), String> {
             let config = Config::load(None, Vec::new(), &flags).map_err(|e| e.to_string())?;
             idemgate::app::init_logging(&config);
             println!("{}", idemgate::demo::instructions(listen));
-            idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await
+            idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await.map_err(|e| e.to_string())
         }),
         Command::Relay(args) => {
             let config = args.database.load_with(args.admin_listen)?;
             idemgate::app::init_logging(&config);
-            for warning in idemgate::app::check::check(&config)? {
+            for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
-            runtime.block_on(idemgate::app::relay::run(&config, idemgate::app::shutdown_signal()))
+            runtime
+                .block_on(idemgate::app::relay::run(&config, idemgate::app::shutdown_signal()))
+                .map_err(|e| e.to_string())
         }
         Command::Migrate(args) => {
             let grants = args.grants()?;

@@ -24,9 +24,26 @@ pub enum AdminAccess {
     Open,
 }
 
+/// Why the configured admin token cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// `admin.token_file` cannot be read.
+    #[error("cannot read admin.token_file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Shorter than 16 characters: guessable.
+    #[error("the admin token must be at least 16 characters; use a random value")]
+    TooShort,
+}
+
 impl AdminAccess {
     /// Reads the token from the config or its file.
-    pub fn from_config(config: &AdminConfig) -> Result<Self, String> {
+    pub fn from_config(config: &AdminConfig) -> Result<Self, TokenError> {
         if config.auth == AdminAuth::Disabled {
             return Ok(Self::Open);
         }
@@ -34,16 +51,14 @@ impl AdminAccess {
             (Some(token), _) => Some(token.expose().to_owned()),
             (None, Some(path)) => Some(
                 std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read admin.token_file {}: {e}", path.display()))?
+                    .map_err(|source| TokenError::Read { path: path.clone(), source })?
                     .trim()
                     .to_owned(),
             ),
             (None, None) => None,
         };
         match token {
-            Some(token) if token.len() < 16 => {
-                Err("the admin token must be at least 16 characters; use a random value".into())
-            }
+            Some(token) if token.len() < 16 => Err(TokenError::TooShort),
             Some(token) => Ok(Self::Token(Sha256::digest(token.as_bytes()).into())),
             None => Ok(Self::Off),
         }

@@ -38,7 +38,7 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-pub use auth::{AccessDenied, AdminAccess};
+pub use auth::{AccessDenied, AdminAccess, TokenError};
 pub use router::ROUTES;
 
 use crate::gateway::Gateway;

@@ -8,6 +8,7 @@
 //! `relay` accept, and none of them starts on a config another would
 //! refuse.
 
+use super::StartError;
 use crate::admin::AdminAccess;
 use crate::config::Config;
 use crate::gateway::routes::RouteTable;
@@ -16,11 +17,12 @@ use crate::store::sealing::Sealer;
 
 /// Checks `config` as every command would use it; returns the warnings
 /// (allowed but risky), or the first thing wrong, naming its field.
-pub fn check(config: &Config) -> Result<Vec<String>, String> {
-    let mut warnings = config.validate().map_err(|e| e.to_string())?;
+pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
+    let mut warnings = config.validate()?;
     Sealer::from_config(&config.store_encryption)?;
     let g = &config.gateway;
-    RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)?;
+    RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)
+        .map_err(crate::gateway::BuildError::from)?;
     if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
         crate::http::tls::acceptor(cert, key)?;
     }

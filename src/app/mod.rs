@@ -6,7 +6,10 @@
 //!   the same for `check-config`, `serve` and `relay`.
 
 pub mod check;
+mod error;
 pub mod relay;
+
+pub use error::StartError;
 
 use std::sync::Arc;
 
@@ -29,7 +32,7 @@ pub struct Listeners {
 }
 
 /// Opens the store, binds both listeners and serves until `shutdown` resolves.
-pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let gateway = build(config).await?;
     let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
     serve_on(listeners, gateway, config, shutdown).await
@@ -42,7 +45,7 @@ pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Resul
 /// without connecting and waits for its database in the background (see
 /// `outbox::relay::start`), so a database that is down at start delays
 /// only the relaying. A wrong schema (a deployment error) stops both.
-pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let gateway = build(config).await?;
     let (relay, listen) = relay::build(config)?;
     // One /metrics for both halves.
@@ -62,9 +65,9 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
         }
         finished = &mut relay_task => {
             let why = match finished {
-                Ok(Ok(())) => "the outbox relay stopped".to_string(),
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
+                Ok(Ok(())) => StartError::RelayStopped("it ended before the gateway".into()),
+                Ok(Err(e)) => StartError::Relay(e),
+                Err(e) => StartError::RelayStopped(e.to_string()),
             };
             tracing::error!(error = %why, "outbox relay failed; stopping the gateway");
             relay_failed = Some(why);
@@ -77,21 +80,23 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
         return Err(why);
     }
     match relay_task.await {
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(StartError::RelayStopped(e.to_string())),
         Ok(Ok(())) => served,
     }
 }
 
 /// Opens the store and builds the gateway (no listener yet).
-pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, String> {
+pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, StartError> {
     if config.routes.is_empty() {
-        return Err("no upstream configured: pass --upstream URL or add [[routes]] to the config file".into());
+        return Err(StartError::Missing(
+            "no upstream configured: pass --upstream URL or add [[routes]] to the config file",
+        ));
     }
     let sealer = crate::store::sealing::Sealer::from_config(&config.store_encryption)?.map(Arc::new);
     let store = AnyStore::open(config.store.expose(), sealer)
         .await
-        .map_err(|e| format!("cannot open store {}: {e}", config.store.redacted()))?;
+        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
     tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
     Ok(Arc::new(Gateway::new(config, store, Arc::new(Metrics::new()))?))
 }
@@ -104,7 +109,7 @@ pub async fn serve_on(
     gateway: Arc<Gateway<AnyStore>>,
     config: &Config,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let access = AdminAccess::from_config(&config.admin)?;
     if matches!(access, AdminAccess::Off) {
         tracing::warn!("admin API disabled: no admin token configured (IDEMGATE__ADMIN__TOKEN or admin.token_file)");
@@ -113,9 +118,9 @@ pub async fn serve_on(
         (Some(cert), Some(key)) => Some(crate::http::tls::acceptor(cert, key)?),
         _ => None,
     };
-    let address = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
-    let admin_address = listeners.admin.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(listen = %address, admin = %admin_address, tls = tls.is_some(), "idemgate gateway listening");
+    let address = listeners.gateway.local_addr().ok();
+    let admin_address = listeners.admin.local_addr().ok();
+    tracing::info!(listen = ?address, admin = ?admin_address, tls = tls.is_some(), "idemgate gateway listening");
     let destinations = config.destinations.keys().cloned().collect();
     let admin = Arc::new(
         Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?).with_destinations(destinations),
@@ -133,10 +138,10 @@ pub async fn serve_on(
 /// The outbox database the admin API lists dead rows from, when the config
 /// names one. Connections open lazily: a database that is down at start
 /// shows in `/readyz`, it does not stop the gateway.
-fn outbox_database(config: &Config) -> Result<Option<crate::postgres::Database>, String> {
+fn outbox_database(config: &Config) -> Result<Option<crate::postgres::Database>, StartError> {
     let Some(url) = &config.relay.database_url else { return Ok(None) };
-    let schema = crate::postgres::Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
-    crate::postgres::Database::connect(url.expose(), 2, schema).map(Some).map_err(|e| e.to_string())
+    let schema = crate::postgres::Schema::new(&config.relay.schema)?;
+    Ok(Some(crate::postgres::Database::connect(url.expose(), 2, schema)?))
 }
 
 /// The listener limits a config sets.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::StartError;
 use crate::config::Config;
 use crate::outbox::publisher::HttpPublisher;
 use crate::outbox::relay::{Relay, Settings};
@@ -14,17 +15,20 @@ use crate::postgres::{Database, Endpoint, Schema};
 
 /// The HTTP relay a config describes, and the endpoint it LISTENs on.
 /// Connects to nothing: see [`Relay::start`](crate::outbox::relay::Relay::start).
-pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>), String> {
-    let url = config.relay.database_url.as_ref().ok_or("the relay needs relay.database_url or --database-url")?;
+pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>), StartError> {
+    let url = config
+        .relay
+        .database_url
+        .as_ref()
+        .ok_or(StartError::Missing("the relay needs relay.database_url or --database-url"))?;
     if config.destinations.is_empty() {
-        return Err("the relay needs at least one [destinations.<name>] in the config file".into());
+        return Err(StartError::Missing("the relay needs at least one [destinations.<name>] in the config file"));
     }
-    let schema = Schema::new(&config.relay.schema).map_err(|e| e.to_string())?;
+    let schema = Schema::new(&config.relay.schema)?;
     // Parsed once: a bad sslmode or an unreadable sslrootcert stops the start here.
-    let endpoint = Endpoint::parse(url.expose()).map_err(|e| e.to_string())?;
-    let db =
-        Database::open(relay_sessions(endpoint.clone()), config.relay.pool_size, schema).map_err(|e| e.to_string())?;
-    let publisher = HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
+    let endpoint = Endpoint::parse(url.expose())?;
+    let db = Database::open(relay_sessions(endpoint.clone()), config.relay.pool_size, schema)?;
+    let publisher = HttpPublisher::new(&config.destinations)?;
     let policies = config.destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
     let listen = config.relay.listen.then_some(endpoint);
     Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))
@@ -34,7 +38,7 @@ pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>)
 /// with its admin listener (probes, metrics, dead and unroutable rows) on
 /// `admin_listen`. Fails at start on a bad config, and later only on a
 /// wrong schema.
-pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let (relay, listen) = build(config)?;
     let access = crate::admin::AdminAccess::from_config(&config.admin)?;
     let listener = crate::http::listener::bind(config.admin_listen).await?;
@@ -65,7 +69,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> Result<
     let _ = admin_task.await;
     match finished {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(StartError::RelayStopped(e.to_string())),
     }
 }

@@ -155,11 +155,31 @@ pub struct Gateway<S> {
     metrics: Arc<Metrics>,
 }
 
+/// Why a gateway cannot be built from a config.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A route cannot be built.
+    #[error(transparent)]
+    Route(#[from] routes::RouteError),
+    /// A configured header name is not one.
+    #[error("{name:?}: {source}")]
+    HeaderName {
+        /// The name as configured.
+        name: String,
+        /// Why.
+        #[source]
+        source: http::header::InvalidHeaderName,
+    },
+}
+
 impl<S: Store> Gateway<S> {
     /// Builds the gateway from a validated config.
-    pub fn new(config: &Config, store: S, metrics: Arc<Metrics>) -> Result<Self, String> {
+    pub fn new(config: &Config, store: S, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
         let g = &config.gateway;
-        let header = |name: &String| HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("{name:?}: {e}"));
+        let header = |name: &String| {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|source| BuildError::HeaderName { name: name.clone(), source })
+        };
         let routes = RouteTable::from_config(
             &config.routes,
             &StatusPolicy { release: g.release_statuses.clone() },

@@ -66,24 +66,51 @@ impl Clone for LatencyEstimate {
     }
 }
 
+/// Why a route cannot be built; names the route.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The upstream URL is not an absolute `http`/`https` URL with a host.
+    #[error("{0}")]
+    Upstream(String),
+    /// The upstream's client cannot be made (its CA file, its origin).
+    #[error("route {route:?}: {source}")]
+    Client {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: crate::http::client::ClientError,
+    },
+    /// A guarded method is not an HTTP method.
+    #[error("route {route:?}: {source}")]
+    Method {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: http::method::InvalidMethod,
+    },
+}
+
 impl Route {
     /// Compiles a validated route config.
     pub fn from_config(
         config: &RouteConfig,
         default_policy: &StatusPolicy,
         default_on_unknown: OnUnknown,
-    ) -> Result<Self, String> {
-        let uri = check_upstream_url(&config.upstream)?;
+    ) -> Result<Self, RouteError> {
+        let uri = check_upstream_url(&config.upstream).map_err(RouteError::Upstream)?;
+        let route = || config.name.clone();
         let upstream =
             Upstream::new(&uri, config.ca_file.as_deref(), config.max_connections, config.pool_idle_timeout.0)
-                .map_err(|e| format!("route {:?}: {e}", config.name))?;
+                .map_err(|source| RouteError::Client { route: route(), source })?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let methods = config
             .methods
             .iter()
             .map(|m| {
                 Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|e| format!("route {:?}: {e}", config.name))
+                    .map_err(|source| RouteError::Method { route: route(), source })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -129,7 +156,7 @@ impl RouteTable {
         routes: &[RouteConfig],
         default_policy: &StatusPolicy,
         default_on_unknown: OnUnknown,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, RouteError> {
         routes
             .iter()
             .map(|r| Route::from_config(r, default_policy, default_on_unknown).map(Arc::new))

@@ -72,6 +72,20 @@ impl UpstreamError {
     }
 }
 
+/// Why a client cannot be made for an origin.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URI has no scheme or no host.
+    #[error("{0}: an upstream needs a scheme and a host")]
+    NoOrigin(String),
+    /// The host cannot be a `Host` header, or the origin a URI.
+    #[error("{0}")]
+    InvalidOrigin(String),
+    /// The extra CA file cannot be used (boxed: large, and rare).
+    #[error(transparent)]
+    Tls(Box<super::tls::TlsError>),
+}
+
 /// A pooled client for one upstream origin (HTTP/1.1 keep-alive, `http` or `https`).
 #[derive(Clone)]
 pub struct Upstream {
@@ -113,9 +127,9 @@ impl Upstream {
         extra_ca: Option<&Path>,
         max_connections: usize,
         idle_timeout: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientError> {
         let (Some(scheme), Some(authority)) = (origin.scheme(), origin.authority()) else {
-            return Err(format!("{origin}: an upstream needs a scheme and a host"));
+            return Err(ClientError::NoOrigin(origin.to_string()));
         };
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
@@ -123,12 +137,13 @@ impl Upstream {
         // Let the TLS layer see https:// URIs.
         http.enforce_http(false);
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(super::tls::client_config(extra_ca)?)
+            .with_tls_config(super::tls::client_config(extra_ca).map_err(|e| ClientError::Tls(Box::new(e)))?)
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| format!("{origin}: {e}"))?;
-        let origin = origin_uri(scheme.clone(), authority.clone()).map_err(|e| format!("{origin}: {e}"))?;
+        let invalid = |e: &dyn std::fmt::Display| ClientError::InvalidOrigin(format!("{origin}: {e}"));
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
+        let origin = origin_uri(scheme.clone(), authority.clone()).map_err(|e| invalid(&e))?;
         let pool = Pool {
             connector,
             origin,

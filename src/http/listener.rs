@@ -231,7 +231,18 @@ pub async fn serve_internal<F, Fut>(
     serve_listener(listener, name, &ServerLimits::internal(), None, handle, shutdown).await;
 }
 
+/// A listener that could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address}: {source}")]
+pub struct BindError {
+    /// The address asked for.
+    pub address: SocketAddr,
+    /// Why (in use, not permitted, no such address).
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Binds a listener, with a clear error.
-pub async fn bind(address: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))
+pub async fn bind(address: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(address).await.map_err(|source| BindError { address, source })
 }

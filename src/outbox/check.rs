@@ -19,12 +19,23 @@ use crate::outbox::publisher::HttpPublisher;
 use crate::outbox::retry::RetryPolicy;
 use crate::postgres::Endpoint;
 
+/// What the relay could not build from a config.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The database URL or its TLS settings.
+    #[error(transparent)]
+    Database(#[from] crate::postgres::PostgresError),
+    /// A destination.
+    #[error(transparent)]
+    Destination(#[from] crate::outbox::publisher::PublisherError),
+}
+
 /// Checks `config` as the relay would build it; returns warnings for what
 /// is allowed but risky, or what is wrong, naming the field.
-pub fn check(config: &Config) -> Result<Vec<String>, String> {
+pub fn check(config: &Config) -> Result<Vec<String>, CheckError> {
     let mut warnings = Vec::new();
     match &config.relay.database_url {
-        Some(url) => drop(Endpoint::parse(url.expose()).map_err(|e| e.to_string())?),
+        Some(url) => drop(Endpoint::parse(url.expose())?),
         None if !config.destinations.is_empty() => warnings.push(
             "destinations are configured but relay.database_url is not: relay and serve --relay need it (or --database-url)"
                 .to_string(),
@@ -32,7 +43,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, String> {
         None => {}
     }
     if !config.destinations.is_empty() {
-        HttpPublisher::new(&config.destinations).map_err(|e| e.to_string())?;
+        HttpPublisher::new(&config.destinations)?;
     }
     for (name, destination) in &config.destinations {
         warnings.extend(window_warning(name, destination, &config.relay));
@@ -98,7 +109,7 @@ mod tests {
     fn a_broken_destination_is_named_and_its_password_never_printed() {
         let mut broken = DestinationConfig::new("https://alice:s3cret@api.example.com/send");
         broken.headers.insert("authorization".into(), "Bearer x".into());
-        let error = check(&config("x", broken, RelayConfig::default())).unwrap_err();
+        let error = check(&config("x", broken, RelayConfig::default())).unwrap_err().to_string();
         assert!(error.contains("destinations.x") && !error.contains("s3cret"), "{error}");
     }
 
@@ -106,7 +117,7 @@ mod tests {
     fn a_destination_may_not_set_its_own_idempotency_key() {
         let mut destination = DestinationConfig::new("http://127.0.0.1:9100/send");
         destination.headers.insert("Idempotency-Key".into(), "x".into());
-        let error = check(&config("email", destination, RelayConfig::default())).unwrap_err();
+        let error = check(&config("email", destination, RelayConfig::default())).unwrap_err().to_string();
         assert!(error.contains("destinations.email") && error.contains("Idempotency-Key"), "{error}");
     }
 }

@@ -36,17 +36,35 @@ impl std::fmt::Debug for Sealer {
     }
 }
 
+/// Why `store_encryption` cannot seal.
+#[derive(Debug, thiserror::Error)]
+pub enum SealingError {
+    /// `store_encryption.key_file` cannot be read.
+    #[error("cannot read store_encryption.key_file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The key list is malformed; the text says which key and how.
+    #[error("store_encryption: {0}")]
+    Keys(String),
+}
+
 impl Sealer {
     /// The sealer a config's `store_encryption` describes, if any: its
     /// `keys`, or else the keys in its `key_file`.
-    pub fn from_config(config: &StoreEncryptionConfig) -> Result<Option<Self>, String> {
+    pub fn from_config(config: &StoreEncryptionConfig) -> Result<Option<Self>, SealingError> {
         let spec = match (&config.keys, &config.key_file) {
             (Some(keys), _) => keys.expose().to_owned(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read store_encryption.key_file {}: {e}", path.display()))?,
+            (None, Some(path)) => {
+                std::fs::read_to_string(path).map_err(|source| SealingError::Read { path: path.clone(), source })?
+            }
             (None, None) => return Ok(None),
         };
-        Self::from_spec(&spec).map(Some).map_err(|e| format!("store_encryption: {e}"))
+        Self::from_spec(&spec).map(Some).map_err(SealingError::Keys)
     }
 
     /// Parses `id:hex,id:hex,…`.

@@ -23,7 +23,7 @@ pub struct TestGateway {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     stop: Mutex<Option<oneshot::Sender<()>>>,
-    task: Mutex<Option<tokio::task::JoinHandle<Result<(), String>>>>,
+    task: Mutex<Option<tokio::task::JoinHandle<Result<(), idemgate::app::StartError>>>>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -47,7 +47,7 @@ impl TestGateway {
     }
 
     /// Stops accepting, drains, and returns what `serve_on` returned.
-    pub async fn stop(&self) -> Result<(), String> {
+    pub async fn stop(&self) -> Result<(), idemgate::app::StartError> {
         if let Some(stop) = self.stop.lock().unwrap().take() {
             let _ = stop.send(());
         }
