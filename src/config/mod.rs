@@ -33,7 +33,7 @@ pub use gateway::{
 };
 pub use load::Overrides;
 pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
-pub use secret::{Secret, ServiceUrl};
+pub use secret::{Secret, ServiceUrl, StoreKind};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;
 

@@ -31,6 +31,34 @@ impl Serialize for Secret {
     }
 }
 
+/// The lower-cased scheme of a URL (`redis+cluster` in `redis+cluster://…`).
+fn scheme_of(url: &str) -> String {
+    url.split("://").next().unwrap_or("").to_ascii_lowercase()
+}
+
+/// The kinds of store a `store` URL can name: the one list of schemes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// `memory://`
+    Memory,
+    /// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`
+    Redis,
+    /// `postgres://`, `postgresql://`
+    Postgres,
+}
+
+impl StoreKind {
+    /// The kind `url`'s scheme names, if any.
+    pub fn of(url: &str) -> Option<Self> {
+        match scheme_of(url).as_str() {
+            "memory" => Some(Self::Memory),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Some(Self::Redis),
+            "postgres" | "postgresql" => Some(Self::Postgres),
+            _ => None,
+        }
+    }
+}
+
 /// A store or database URL; its password is redacted when printed.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
@@ -47,7 +75,12 @@ impl ServiceUrl {
     }
     /// The scheme, lower-cased (`memory`, `redis`, …).
     pub fn scheme(&self) -> String {
-        self.0.split("://").next().unwrap_or("").to_ascii_lowercase()
+        scheme_of(&self.0)
+    }
+
+    /// The store this URL names, by its scheme; `None` for a scheme no store has.
+    pub fn store_kind(&self) -> Option<StoreKind> {
+        StoreKind::of(&self.0)
     }
     /// The URL with any `user:password@` password replaced, and any
     /// `password=` in its query (libpq lets a database URL carry it there).

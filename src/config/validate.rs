@@ -15,9 +15,7 @@ impl Config {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         let g = &self.gateway;
         let mut warnings = Vec::new();
-        if !["memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "postgres", "postgresql"]
-            .contains(&self.store.scheme().as_str())
-        {
+        if self.store.store_kind().is_none() {
             return invalid(format!(
                 "store {:?}: the scheme must be memory://, redis://, rediss://, redis+cluster:// or postgres://",
                 self.store.redacted()

@@ -30,6 +30,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::StoreKind;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use sealing::Sealer;
 
@@ -124,14 +125,14 @@ impl AnyStore {
     /// Redis only checks the URL and connects once it can. With a sealer,
     /// networked stores keep responses encrypted at rest.
     pub async fn open(url: &str, sealer: Option<Arc<Sealer>>) -> Result<Self, StoreError> {
-        let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
-        match scheme.as_str() {
-            "memory" => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-                Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer))))
+        match StoreKind::of(url) {
+            Some(StoreKind::Memory) => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
+            Some(StoreKind::Redis) => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer)))),
+            Some(StoreKind::Postgres) => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
+            None => {
+                let scheme = url.split("://").next().unwrap_or("");
+                Err(StoreError::InvalidUrl(format!("unsupported scheme {scheme:?}")))
             }
-            "postgres" | "postgresql" => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
-            other => Err(StoreError::InvalidUrl(format!("unsupported scheme {other:?}"))),
         }
     }
 
