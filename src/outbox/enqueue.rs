@@ -41,6 +41,7 @@ use tokio_postgres::types::Type;
 
 use super::{OutboxError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
+use crate::postgres::PostgresError;
 
 /// `hex(sha256(outbox ‖ destination ‖ operation ‖ business_key))` with
 /// length-prefixed fields, `outbox` the schema's name: the key every
@@ -222,7 +223,8 @@ pub async fn enqueue_in(
         )
         .await
         .map_err(refusal_or_error)?;
-    let row = rows.first().ok_or(OutboxError::Schema("idemgate.enqueue returned no row".into()))?;
+    let row =
+        rows.first().ok_or(OutboxError::Postgres(PostgresError::Schema("idemgate.enqueue returned no row".into())))?;
     let database: String = row.try_get(0)?;
     let rust = derived_key(schema, message.destination, message.operation, message.business_key);
     if database != rust {
@@ -241,7 +243,7 @@ fn refusal_or_error(error: tokio_postgres::Error) -> OutboxError {
     });
     match refused {
         Some(db) => OutboxError::Refused(Refusal::Database(db.message().to_string())),
-        None => OutboxError::Database(error),
+        None => OutboxError::Postgres(PostgresError::Database(error)),
     }
 }
 

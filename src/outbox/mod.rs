@@ -61,7 +61,7 @@ pub mod relay;
 pub mod retry;
 pub mod roles;
 
-use crate::postgres::{Database, Endpoint, ErrorChain, PostgresError, Schema, tls};
+use crate::postgres::{Database, Endpoint, PostgresError, Schema};
 
 /// The channel `enqueue` and `redrive` notify.
 pub const CHANNEL: &str = "idemgate_outbox";
@@ -69,28 +69,10 @@ pub const CHANNEL: &str = "idemgate_outbox";
 /// Why an outbox operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
-    /// The database URL does not parse.
-    #[error("invalid database URL: {0}")]
-    InvalidUrl(String),
-    /// The database URL's TLS settings are unusable (an unknown `sslmode`,
-    /// an unreadable `sslrootcert`); `url` is redacted.
-    #[error("invalid database URL {url}: {source}")]
-    Tls {
-        /// The URL, password redacted.
-        url: String,
-        /// What is wrong, naming the parameter.
-        #[source]
-        source: tls::TlsError,
-    },
-    /// No connection could be had from the pool.
-    #[error("database unavailable: {}", ErrorChain(.0))]
-    Pool(#[source] deadpool_postgres::PoolError),
-    /// A statement (or a connection attempt) failed.
-    #[error("database error: {}", ErrorChain(.0))]
-    Database(#[source] tokio_postgres::Error),
-    /// The schema is missing, newer than this binary, or was altered.
-    #[error("schema: {0}")]
-    Schema(String),
+    /// Reaching the database failed: its URL, TLS, pool, a statement, or
+    /// the schema ([`PostgresError`] says which).
+    #[error(transparent)]
+    Postgres(#[from] PostgresError),
     /// `enqueue` refused the message (it says which argument and why);
     /// sending it again cannot succeed.
     #[error(transparent)]
@@ -105,27 +87,15 @@ pub enum OutboxError {
     },
 }
 
-impl From<PostgresError> for OutboxError {
-    fn from(e: PostgresError) -> Self {
-        match e {
-            PostgresError::InvalidUrl(m) => Self::InvalidUrl(m),
-            PostgresError::Tls { url, source } => Self::Tls { url, source },
-            PostgresError::Pool(e) => Self::Pool(e),
-            PostgresError::Database(e) => Self::Database(e),
-            PostgresError::Schema(m) => Self::Schema(m),
-        }
-    }
-}
-
 impl From<tokio_postgres::Error> for OutboxError {
     fn from(e: tokio_postgres::Error) -> Self {
-        Self::Database(e)
+        Self::Postgres(PostgresError::Database(e))
     }
 }
 
 impl From<deadpool_postgres::PoolError> for OutboxError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        Self::Pool(e)
+        Self::Postgres(PostgresError::Pool(e))
     }
 }
 

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::Relay;
 use crate::outbox::OutboxError;
 use crate::outbox::publisher::Publisher;
-use crate::postgres::{Endpoint, migrate};
+use crate::postgres::{Endpoint, PostgresError, migrate};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -107,8 +107,12 @@ pub fn is_outage(error: &OutboxError) -> bool {
         e.code().is_some_and(|code| ["28", "3D", "42"].iter().any(|class| code.code().starts_with(class)))
     };
     match error {
-        OutboxError::Schema(_) | OutboxError::InvalidUrl(_) | OutboxError::Tls { .. } => false,
-        OutboxError::Database(e) | OutboxError::Pool(deadpool_postgres::PoolError::Backend(e)) => !refused(e),
+        OutboxError::Postgres(PostgresError::Schema(_) | PostgresError::InvalidUrl(_) | PostgresError::Tls { .. }) => {
+            false
+        }
+        OutboxError::Postgres(
+            PostgresError::Database(e) | PostgresError::Pool(deadpool_postgres::PoolError::Backend(e)),
+        ) => !refused(e),
         _ => true,
     }
 }
