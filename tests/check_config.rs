@@ -38,7 +38,7 @@ fn stderr(output: &Output) -> String {
 /// The shared server, plaintext, and an outbox schema nobody created: a
 /// relay that got as far as the database would stop on that instead.
 fn database_url() -> String {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = support::services::postgres_url();
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}sslmode=disable")
 }

@@ -15,5 +15,6 @@ pub mod postgres_tls;
 pub mod redis_server;
 pub mod relay_process;
 pub mod roles;
+pub mod services;
 pub mod sink;
 pub mod upstream;

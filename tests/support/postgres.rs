@@ -17,7 +17,7 @@ use tokio_postgres::NoTls;
 
 /// The shared server's URL.
 pub fn shared_database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    super::services::postgres_url()
 }
 
 async fn admin(sql: String) {

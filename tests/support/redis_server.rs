@@ -31,7 +31,7 @@ pub fn free_port() -> u16 {
 /// The shared Redis for tests that only need keys of their own: `REDIS_URL`,
 /// default `redis://127.0.0.1:6379/0`.
 pub fn shared_redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_string())
+    super::services::redis_url()
 }
 
 /// A key prefix no other test uses, e.g. `test-3f2a…:`.
