@@ -181,7 +181,9 @@ pub struct RouteConfig {
     /// Path prefix; the first route whose prefix matches wins.
     #[serde(default = "default_prefix")]
     pub prefix: String,
-    /// `http://host:port` or `https://host:port`, optionally with a base path.
+    /// `http://host:port` or `https://host:port`, optionally with a base
+    /// path; never credentials (printed redacted if it has some).
+    #[serde(serialize_with = "super::relay::redacted_url")]
     pub upstream: String,
     /// Guarded methods.
     #[serde(default = "default_methods")]

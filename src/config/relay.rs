@@ -161,7 +161,7 @@ impl std::fmt::Debug for DestinationConfig {
     }
 }
 
-fn redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+pub(super) fn redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&ServiceUrl::new(url).redacted())
 }
 

@@ -147,3 +147,19 @@ fn the_readme_configuration_reference_loads() {
     assert_eq!(config.routes[0].name, "payments");
     assert_eq!(config.gateway.release_statuses, crate::idempotency::StatusPolicy::default().release);
 }
+
+#[test]
+fn an_upstream_with_credentials_is_refused_and_never_printed() {
+    let flags = Overrides { upstream: Some("http://alice:s3cret@127.0.0.1:9000".into()), ..Overrides::default() };
+    let error = Config::load(None, Vec::new(), &flags).unwrap_err().to_string();
+    assert!(error.contains("carries credentials") && !error.contains("s3cret"), "{error}");
+    let mut config = Config::load(None, Vec::new(), &Overrides::default()).unwrap();
+    config.routes.push(RouteConfig { upstream: "http://alice:s3cret@h:1".into(), ..default_route() });
+    let printed = toml::to_string(&config).unwrap();
+    assert!(!printed.contains("s3cret") && printed.contains("alice:[redacted]@h:1"), "{printed}");
+}
+
+fn default_route() -> RouteConfig {
+    let flags = Overrides { upstream: Some("http://127.0.0.1:9000".into()), ..Overrides::default() };
+    Config::load(None, Vec::new(), &flags).unwrap().routes.remove(0)
+}

@@ -133,17 +133,28 @@ impl Config {
 }
 
 /// Checks that an upstream is an absolute `http`/`https` URL with a host.
+///
+/// An upstream URL may not carry credentials (`user:password@`): the
+/// gateway forwards each client's own `Authorization`, and the userinfo
+/// would otherwise become the `Host` it sends. Errors print the URL with
+/// its password redacted.
 pub fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("upstream {url:?} is not a URL: {e}"))?;
+    let shown = super::ServiceUrl::new(url).redacted();
+    let uri: http::Uri = url.parse().map_err(|e| format!("upstream {shown:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => return Err(format!("upstream {url:?} must start with http:// or https://")),
+        _ => return Err(format!("upstream {shown:?} must start with http:// or https://")),
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("upstream {url:?} has no host"));
+        return Err(format!("upstream {shown:?} has no host"));
+    }
+    if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+        return Err(format!(
+            "upstream {shown:?} carries credentials: the gateway forwards each client's own Authorization; remove user:password@"
+        ));
     }
     if uri.query().is_some() {
-        return Err(format!("upstream {url:?} must not have a query"));
+        return Err(format!("upstream {shown:?} must not have a query"));
     }
     Ok(uri)
 }
