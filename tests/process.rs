@@ -39,35 +39,50 @@ fn idemgate_exiting(args: &[&str], env: &[(&str, &str)]) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// A gateway process on a free port; killed when dropped.
+/// A gateway process on a free port; killed when dropped. Its stderr goes
+/// to a file, so a gateway that exits or never listens is reported with
+/// what it said.
 struct GatewayProcess {
     child: Child,
     addr: SocketAddr,
     admin: SocketAddr,
+    /// Our own log file, removed on drop (`None` when the test gave one).
+    own_log: Option<std::path::PathBuf>,
 }
 
 impl GatewayProcess {
     fn start(upstream: &str, store: &str, env: &[(&str, &str)]) -> Self {
-        Self::start_logging_to(upstream, store, env, Stdio::null())
+        let path = std::env::temp_dir().join(format!("idemgate-stderr-{:016x}.log", rand::random::<u64>()));
+        let mut process = Self::start_logging_to(upstream, store, env, &path);
+        process.own_log = Some(path);
+        process
     }
 
-    fn start_logging_to(upstream: &str, store: &str, env: &[(&str, &str)], log: impl Into<Stdio>) -> Self {
+    fn start_logging_to(upstream: &str, store: &str, env: &[(&str, &str)], log: &std::path::Path) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let child = Command::new(BINARY)
+        let file = std::fs::File::create(log).expect("a log file");
+        let mut child = Command::new(BINARY)
             .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
             .args(["--upstream", upstream, "--store", store])
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(file)
             .spawn()
             .expect("start idemgate serve");
+        let said = || std::fs::read_to_string(log).unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "idemgate did not listen on {addr}");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("idemgate serve exited ({status}) before listening on {addr}; it said:\n{}", said());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("idemgate serve did not listen on {addr} within 10 s; it said:\n{}", said());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self { child, addr, admin }
+        Self { child, addr, admin, own_log: None }
     }
 
     async fn metrics(&self) -> String {
@@ -102,6 +117,9 @@ impl Drop for GatewayProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(path) = &self.own_log {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -211,8 +229,8 @@ async fn text_logs_to_a_file_have_no_colour_codes() {
     let dir = std::env::temp_dir().join(format!("idemgate-logs-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let log_path = dir.join("gateway.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut gateway = GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("RUST_LOG", "info")], log);
+    let mut gateway =
+        GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("RUST_LOG", "info")], &log_path);
     charge(gateway.addr, "/charge", "k-colour").await.expect("answered");
     let pid = gateway.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
@@ -231,9 +249,8 @@ async fn logs_never_contain_credentials_raw_keys_or_bodies() {
     let dir = std::env::temp_dir().join(format!("idemgate-logs-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let log_path = dir.join("gateway.log");
-    let log = std::fs::File::create(&log_path).unwrap();
     let mut gateway =
-        GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("IDEMGATE__LOG__FORMAT", "json")], log);
+        GatewayProcess::start_logging_to(&upstream.url(), "memory://", &[("IDEMGATE__LOG__FORMAT", "json")], &log_path);
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     for body in [&b"{\"card\":\"card-number-4242\"}"[..], &b"{\"card\":\"card-number-4343\"}"[..]] {
         let request = http::Request::post(format!("http://{}/charge", gateway.addr))
