@@ -6,6 +6,7 @@
   check.py compose FILE                           references inside the compose file
   check.py metrics REPO_ROOT                      every idemgate_* name used exists in src/metrics.rs
   check.py dashboard FILE OUT_RULES.yml           dashboard structure; its PromQL as a rules file for promtool
+  check.py redis COMPOSE_FILE REDIS_EXAMPLE.yaml   both ship the Redis settings RELIABILITY.md requires
   check.py toml FILE...                           config files parse as TOML (when no binary can check them)
 
 Needs PyYAML (installed with yamllint). Exits 1 with one line per problem.
@@ -66,6 +67,10 @@ def check_container(where, c, pod_volumes, configmaps):
     return ports
 
 
+def prestop_sleep(c):
+    return (((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0)
+
+
 def idemgate_args(c):
     args = c.get("args") or c.get("command") or []
     return args if c.get("image", "").split("/")[-1].split(":")[0] == "idemgate" else None
@@ -111,6 +116,10 @@ def check_manifests(overlay, path):
                 problem(f"{name}: volume {v['name']!r} uses ConfigMap {cm!r}, which is not in the overlay")
         grace = pod.get("terminationGracePeriodSeconds", 30)
         named_ports = {}
+        # The kubelet stops native sidecars only after every regular container
+        # has exited, so their preStop sleeps come first in the grace budget.
+        app_prestop = max((prestop_sleep(c) for c in pod.get("containers") or [] if idemgate_args(c) is None),
+                          default=0)
         for section in ("initContainers", "containers"):
             for c in pod.get(section) or []:
                 where = f"{name}/{c['name']}"
@@ -121,8 +130,21 @@ def check_manifests(overlay, path):
                 if not args or args[0] not in ("serve", "relay", "migrate"):
                     problem(f"{where}: idemgate must run serve, relay or migrate, not {args!r}")
                     continue
-                if section == "initContainers" or args[0] == "migrate":
+                sidecar = section == "initContainers" and c.get("restartPolicy") == "Always"
+                if section == "initContainers" and args[0] != "migrate" and not sidecar:
+                    problem(f"{where}: {args[0]} never exits, so as an initContainer it needs restartPolicy: Always"
+                            " (a native sidecar); otherwise the pod never gets past Init")
                     continue
+                if (section == "initContainers" and not sidecar) or args[0] == "migrate":
+                    continue
+                others = [o for o in pod.get("containers") or [] if idemgate_args(o) is None]
+                if section == "containers" and args[0] == "serve" and others:
+                    problem(f"{where}: a gateway in a pod with {others[0]['name']!r} must be a native sidecar"
+                            " (an initContainer with restartPolicy: Always), so that it starts before and"
+                            " stops after the app")
+                if sidecar and not (c.get("startupProbe") or {}).get("httpGet"):
+                    problem(f"{where}: a native sidecar needs an httpGet startupProbe, or the app starts before"
+                            " the gateway listens")
                 ready = ((c.get("readinessProbe") or {}).get("httpGet") or {})
                 live = ((c.get("livenessProbe") or {}).get("httpGet") or {})
                 ports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
@@ -145,10 +167,12 @@ def check_manifests(overlay, path):
                         cfg = config_for(pod, c, cfg_path, volumes, configmaps, where)
                         if cfg is not None:
                             shutdown = duration_seconds((cfg.get("gateway") or {}).get("shutdown_grace", "25s"))
-                    pre = ((((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0))
-                    if grace <= pre + shutdown:
-                        problem(f"{where}: terminationGracePeriodSeconds {grace} must exceed preStop sleep {pre}s"
-                                f" + gateway.shutdown_grace {shutdown:g}s")
+                    pre = prestop_sleep(c)
+                    before = app_prestop if sidecar else 0
+                    if grace <= before + pre + shutdown:
+                        first = f"the app's preStop sleep {before}s + " if sidecar else ""
+                        problem(f"{where}: terminationGracePeriodSeconds {grace} must exceed {first}preStop sleep"
+                                f" {pre}s + gateway.shutdown_grace {shutdown:g}s")
         pods.append((dep["metadata"]["name"], labels, named_ports, dep))
     for svc in by_kind.get("Service", []):
         name = f"{overlay}/Service/{svc['metadata']['name']}"
@@ -238,6 +262,44 @@ def check_compose(path):
         problem(f"{path}: relay must wait for migrate with condition service_completed_successfully")
 
 
+# What RELIABILITY.md requires of a Redis store: a record acknowledged is on
+# disk (AOF, fsync always), and none is evicted (records carry TTLs).
+REDIS_SETTINGS = {"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"}
+
+
+def check_redis_settings(where, settings):
+    for key, want in REDIS_SETTINGS.items():
+        got = settings.get(key)
+        if got != want:
+            problem(f"{where}: Redis needs {key} {want} (RELIABILITY.md), "
+                    + (f"not {got}" if got else "and does not set it"))
+
+
+def check_redis(compose_path, example_path):
+    services = (yaml.safe_load(open(compose_path)) or {}).get("services") or {}
+    redis = [n for n, svc in services.items() if str(svc.get("image", "")).startswith("redis:")]
+    if not redis:
+        problem(f"{compose_path}: no redis:* service")
+    for name in redis:
+        cmd = services[name].get("command") or []
+        if isinstance(cmd, str):
+            cmd = cmd.split()
+        flags = {a[2:]: b for a, b in zip(cmd, cmd[1:]) if a.startswith("--")}
+        check_redis_settings(f"{compose_path}: {name}", flags)
+    confs = [(d["metadata"]["name"], d.get("data", {}).get("redis.conf"))
+             for d in yaml.safe_load_all(open(example_path)) if d and d.get("kind") == "ConfigMap"]
+    if not any(text for _, text in confs):
+        problem(f"{example_path}: no ConfigMap with a redis.conf key")
+    for name, text in confs:
+        if text:
+            settings = {}
+            for line in text.splitlines():
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 2:
+                    settings[words[0].lower()] = " ".join(words[1:])
+            check_redis_settings(f"{example_path}: ConfigMap {name} redis.conf", settings)
+
+
 def metric_names(root):
     text = open(os.path.join(root, "src", "metrics.rs")).read()
     return set(re.findall(r'"(idemgate_[a-z0-9_]+)"', text))
@@ -314,6 +376,8 @@ def main(argv):
         check_secrets_example(args[0])
     elif cmd == "compose":
         check_compose(args[0])
+    elif cmd == "redis":
+        check_redis(args[0], args[1])
     elif cmd == "metrics":
         check_metrics(args[0])
     elif cmd == "dashboard":

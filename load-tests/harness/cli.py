@@ -39,7 +39,8 @@ def main(doc):
     parser.add_argument("--profile", action="store_true",
                         help="sample idemgate with perf during its measurements; reports in results/profile-*.txt")
     parser.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    parser.add_argument("--idemgate", help="run this idemgate binary instead of target/release/idemgate "
+    parser.add_argument("--idemgate", help="run this idemgate binary instead of the one built, "
+                                           "${CARGO_TARGET_DIR:-target}/release/idemgate "
                                            "(a before/after comparison: build the other commit, copy it, pass it)")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install wrk/nginx")
     parser.add_argument("--debug", action="store_true",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import shared
-from .shared import HERE, NONCE, ROOT, TOOLS_TARGET, free_port, say
+from .shared import HERE, NONCE, ROOT, TARGET, TOOLS_TARGET, free_port, say
 
 
 def ensure_tools(args):
@@ -30,10 +30,10 @@ def ensure_tools(args):
 
 
 def use_profile(profile):
-    """Points the binaries at target/<profile>/ (release, or debug with --debug)."""
+    """Points the binaries at <target>/<profile>/ (release, or debug with --debug); <target> is shared.TARGET."""
     shared.LT = TOOLS_TARGET / profile / "lt"
-    shared.GATEWAY = ROOT / "target" / profile / "idemgate"
-    shared.OUTBOX_BENCH = ROOT / "target" / profile / "examples" / "outbox-bench"
+    shared.GATEWAY = TARGET / profile / "idemgate"
+    shared.OUTBOX_BENCH = TARGET / profile / "examples" / "outbox-bench"
 
 
 def build(args):

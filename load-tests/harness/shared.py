@@ -16,11 +16,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # load-tests/
 ROOT = HERE.parent
-TOOLS_TARGET = ROOT / "target" / "load-tests"
+# Cargo's target directory, as cargo finds it: CARGO_TARGET_DIR when set and
+# not empty (like the shell's ${CARGO_TARGET_DIR:-target}; a relative one is
+# relative to the repository root, where the harness runs cargo), else target/.
+TARGET = ROOT / (os.environ.get("CARGO_TARGET_DIR") or "target")
+TOOLS_TARGET = TARGET / "load-tests"
 LT = TOOLS_TARGET / "release" / "lt"
-GATEWAY = ROOT / "target" / "release" / "idemgate"
+GATEWAY = TARGET / "release" / "idemgate"
 LUA = HERE / "wrk" / "request.lua"
-OUTBOX_BENCH = ROOT / "target" / "release" / "examples" / "outbox-bench"
+OUTBOX_BENCH = TARGET / "release" / "examples" / "outbox-bench"
 NONCE = f"{os.getpid()}x{int(time.time())}"
 
 
