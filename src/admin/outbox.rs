@@ -25,7 +25,7 @@ const DB_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
 
-async fn bounded<T>(work: impl Future<Output = Result<T, OutboxError>>) -> Result<T, Problem> {
+async fn within_db_timeout<T>(work: impl Future<Output = Result<T, OutboxError>>) -> Result<T, Problem> {
     match tokio::time::timeout(DB_TIMEOUT, work).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
@@ -55,7 +55,7 @@ pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>
         Err(problem) => return problem.to_response(),
     };
     let Some(db) = db else { return Problem::NotFound.to_response() };
-    let rows = match bounded(claim::list_dead(db, limit)).await {
+    let rows = match within_db_timeout(claim::list_dead(db, limit)).await {
         Ok(rows) => rows,
         Err(problem) => return problem.to_response(),
     };
@@ -90,7 +90,7 @@ pub(super) async fn list_unroutable(
         Err(problem) => return problem.to_response(),
     };
     let Some(db) = db.filter(|_| !configured.is_empty()) else { return Problem::NotFound.to_response() };
-    let census = match bounded(census::census(db, configured, limit)).await {
+    let census = match within_db_timeout(census::census(db, configured, limit)).await {
         Ok(census) => census,
         Err(problem) => return problem.to_response(),
     };
@@ -116,7 +116,7 @@ pub(super) async fn redrive(db: Option<&Database>, id: Option<&str>) -> Response
         Some(_) => return Problem::BadAdminRequest("the row id must be a positive integer".into()).to_response(),
     };
     let Some(db) = db else { return Problem::NotFound.to_response() };
-    match bounded(claim::redrive(db, id)).await {
+    match within_db_timeout(claim::redrive(db, id)).await {
         Ok(0) if id.is_some() => Problem::NotFound.to_response(),
         Ok(n) => {
             tracing::info!(rows = n, id, "admin redrove dead outbox rows");

@@ -172,7 +172,7 @@ impl PostgresStore {
         self.codec.decode(key, fields)
     }
 
-    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn within_timeout<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
         tokio::time::timeout(self.timeout, work).await.unwrap_or(Err(StoreError::Timeout))
     }
 
@@ -181,7 +181,7 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<u64, StoreError> {
-        self.bounded(async {
+        self.within_timeout(async {
             let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
             client.execute(&statement, params).await.map_err(unavailable)
         })
@@ -193,7 +193,7 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        self.bounded(async {
+        self.within_timeout(async {
             let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
             client.query(&statement, params).await.map_err(unavailable)
         })
@@ -287,7 +287,7 @@ impl Store for PostgresStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(async {
+        self.within_timeout(async {
             let client = self.db.pool.get().await.map_err(unavailable)?;
             client.simple_query("SELECT 1").await.map(drop).map_err(unavailable)
         })

@@ -207,7 +207,7 @@ impl RedisStore {
 
     async fn run<T: FromRedisValue>(&self, invocation: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.bounded(async {
+        self.within_timeout(async {
             match invocation.invoke_async(&mut connection).await {
                 Err(e) if connection.never_sent(&e) => invocation.invoke_async(&mut connection).await,
                 result => result,
@@ -218,7 +218,7 @@ impl RedisStore {
 
     async fn command<T: FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.bounded(async {
+        self.within_timeout(async {
             match cmd.query_async(&mut connection).await {
                 Err(e) if connection.never_sent(&e) => cmd.query_async(&mut connection).await,
                 result => result,
@@ -228,7 +228,7 @@ impl RedisStore {
     }
 
     /// One Redis call under the store timeout.
-    async fn bounded<T, E: std::error::Error + Send + Sync + 'static>(
+    async fn within_timeout<T, E: std::error::Error + Send + Sync + 'static>(
         &self,
         call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, StoreError> {
@@ -339,7 +339,9 @@ impl Store for RedisStore {
         match &self.connection {
             Connection::Single(_) => self.command::<String>(redis::cmd("PING")).await.map(drop),
             // Not the crate's own PING to all masters: it answers with one dead.
-            Connection::Cluster(cluster) => self.bounded(readiness::every_master_answers(&mut cluster.clone())).await,
+            Connection::Cluster(cluster) => {
+                self.within_timeout(readiness::every_master_answers(&mut cluster.clone())).await
+            }
         }
     }
 }
