@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use idemgate::config::{Config, Overrides};
+use idemgate::http::listener::bind;
 use idemgate::outbox::roles::{Duty, Role};
 
 #[derive(Parser)]
@@ -22,11 +23,7 @@ enum Command {
     /// Validate a config and print the effective config (secrets redacted).
     CheckConfig(ServeArgs),
     /// Run the gateway with the embedded store in front of a toy payments API.
-    Demo {
-        /// Where the gateway listens.
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
-    },
+    Demo(DemoArgs),
     /// Run the outbox relay (destinations come from the config file).
     Relay(RelayArgs),
     /// Create or upgrade the Postgres schema `idemgate` (idempotent).
@@ -81,6 +78,30 @@ impl DatabaseArgs {
     fn load_with(&self, admin_listen: Option<SocketAddr>) -> Result<Config, String> {
         let flags = Overrides { database_url: self.database_url.clone(), admin_listen, ..Default::default() };
         Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Gateway listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Admin listen address [default: 127.0.0.1:9090].
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+}
+
+impl DemoArgs {
+    /// The config `serve` would load (`IDEMGATE__…` variables, then the
+    /// flags), with the toy API at `toy` as the one upstream.
+    fn load(&self, toy: SocketAddr) -> Result<Config, String> {
+        let flags = Overrides {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            upstream: Some(format!("http://{toy}")),
+            ..Default::default()
+        };
+        Config::load(None, std::env::vars(), &flags).map_err(|e| e.to_string())
     }
 }
 
@@ -161,14 +182,26 @@ fn run(command: Command) -> Result<(), String> {
             println!("{printed}");
             Ok(())
         }
-        Command::Demo { listen } => runtime.block_on(async {
+        Command::Demo(args) => runtime.block_on(async {
             let toy = idemgate::demo::start_toy_payments().await.map_err(|e| e.to_string())?;
-            let flags =
-                Overrides { listen: Some(listen), upstream: Some(format!("http://{toy}")), ..Default::default() };
-            let config = Config::load(None, Vec::new(), &flags).map_err(|e| e.to_string())?;
+            let config = args.load(toy)?;
             idemgate::app::init_logging(&config);
-            println!("{}", idemgate::demo::instructions(listen));
-            idemgate::app::serve(&config, idemgate::app::shutdown_signal()).await.map_err(|e| e.to_string())
+            for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
+                tracing::warn!("{warning}");
+            }
+            // Everything that can refuse to start does so before the
+            // instructions are printed: nothing claims to run that does not.
+            let gateway = idemgate::app::build(&config).await.map_err(|e| e.to_string())?;
+            let listeners = idemgate::app::Listeners {
+                gateway: bind(config.listen).await.map_err(|e| e.to_string())?,
+                admin: bind(config.admin_listen).await.map_err(|e| e.to_string())?,
+            };
+            let bound = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| e.to_string());
+            let (listen, admin) = (bound(&listeners.gateway)?, bound(&listeners.admin)?);
+            println!("{}", idemgate::demo::instructions(listen, admin, &config));
+            idemgate::app::serve_on(listeners, gateway, &config, idemgate::app::shutdown_signal())
+                .await
+                .map_err(|e| e.to_string())
         }),
         Command::Relay(args) => {
             let config = args.database.load_with(args.admin_listen)?;
