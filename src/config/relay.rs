@@ -36,9 +36,10 @@ pub struct RelayConfig {
     /// is up to this many concurrent requests (and connections) to a
     /// destination.
     pub batch_size: u32,
-    /// Steps (claim, publish, complete) in flight at once, each like a
-    /// relay of its own: while one waits on the database, another
-    /// publishes. At most `pool_size`.
+    /// Does nothing any more (each destination's lane is a claim loop of
+    /// its own; `max_in_flight` bounds its publishes). Still accepted, and
+    /// still checked to be between 1 and `pool_size`, so existing config
+    /// files load as before.
     pub workers: u32,
     /// How long a claim holds a row without renewal. Renewed every third of it.
     pub lease: ConfigDuration,
@@ -219,6 +220,15 @@ pub(super) fn validate(
     if relay.workers == 0 || relay.workers as usize > relay.pool_size {
         return invalid(format!("relay.workers = {}: must be between 1 and pool_size", relay.workers));
     }
+    for (name, bytes) in [
+        ("max_payload", relay.max_payload),
+        ("max_batch_bytes", relay.max_batch_bytes),
+        ("max_in_flight_bytes", relay.max_in_flight_bytes),
+    ] {
+        if bytes.0 == 0 {
+            return invalid(format!("relay.{name} must be more than 0 bytes"));
+        }
+    }
     if !(1..=1000).contains(&relay.batch_size) {
         return invalid(format!("relay.batch_size = {}: must be between 1 and 1000", relay.batch_size));
     }
@@ -297,6 +307,21 @@ mod tests {
             let relay = RelayConfig { workers, pool_size: 4, ..Default::default() };
             assert_eq!(validate(&relay, &BTreeMap::new(), &mut Vec::new()).is_ok(), ok, "workers = {workers}");
         }
+    }
+
+    #[test]
+    fn byte_limits_must_be_positive() {
+        for name in ["max_payload", "max_batch_bytes", "max_in_flight_bytes"] {
+            let mut relay = RelayConfig::default();
+            match name {
+                "max_payload" => relay.max_payload.0 = 0,
+                "max_batch_bytes" => relay.max_batch_bytes.0 = 0,
+                _ => relay.max_in_flight_bytes.0 = 0,
+            }
+            let error = validate(&relay, &BTreeMap::new(), &mut Vec::new()).unwrap_err().to_string();
+            assert!(error.contains(name), "{error}");
+        }
+        assert!(validate(&RelayConfig::default(), &BTreeMap::new(), &mut Vec::new()).is_ok());
     }
 
     #[test]
