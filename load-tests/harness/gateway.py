@@ -29,13 +29,19 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
                                                           "--count", "0", "--lifetime-ms", "3600000"], up).pid
         stack.ports["upstream"] = up
     if nginx:
-        stack.start_nginx("nginx-proxy", f"""
+        proxy = f"""
   upstream backend {{ server 127.0.0.1:{up}; keepalive 64; keepalive_requests 1000000; }}
   server {{ listen 127.0.0.1:PORT; location / {{
-    proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
+    proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}"""
+        stack.start_nginx("nginx-proxy", proxy)
+        if wanted("P1"):
+            # P1 with logs: nginx's access log and idemgate's default request log, each to a file.
+            stack.start_nginx("nginx-proxy-logged", proxy, access_log=True)
     stack.redis_url = stack.start_redis()
     stack.start_gateway("gw-memory", "memory://?max_entries=10000000&max_bytes=2GiB", up)
     stack.start_gateway("gw-redis", stack.redis_url, up)
+    if wanted("P1"):
+        stack.start_gateway("gw-logged", "memory://", up, request_log=True)
     if any(wanted(s) for s in ("P1", "P2", "P3", "P4")):
         throughput(runner, stack, bool(nginx), wanted)
     if wanted("P5"):
@@ -61,6 +67,7 @@ def throughput(runner, stack, has_nginx, wanted):
 
     if wanted("P1"):
         p1(runner, up, px, gw_mem, get, has_nginx)
+        p1_logged(runner, stack.ports.get("nginx-proxy-logged"), stack.ports["gw-logged"], get, has_nginx)
     if wanted("P2"):
         say("P2 first requests, unique keys, memory store")
         r = runner.interleaved("P2", [("passthrough POST (no key)", gw_mem, post),
@@ -97,6 +104,18 @@ def p1(runner, up, px, gw_mem, get, has_nginx):
     runner.row("P1", "passthrough GET", r["idemgate passthrough"], ref and ("nginx", ref),
                ratio_of(r["idemgate passthrough"], ref), "≥ 1.0 × nginx", met_if(r["idemgate passthrough"], ref, 1.0))
     runner.row("P1", "(ceiling) direct GET", r["direct upstream"])
+
+
+def p1_logged(runner, px_logged, gw_logged, get, has_nginx):
+    """P1 as users run it: idemgate's default request log against nginx's access log, both to a file."""
+    say("P1 passthrough with logs on: idemgate's default request log vs nginx's access log, both to a file")
+    targets = [("idemgate passthrough, request log", gw_logged, get)]
+    if has_nginx:
+        targets.insert(0, ("nginx proxy, access log", px_logged, get))
+    r = runner.interleaved("P1", targets)
+    sub, ref = r["idemgate passthrough, request log"], r.get("nginx proxy, access log")
+    runner.row("P1", "passthrough GET, logs on (default request log vs access log)", sub, ref and ("nginx", ref),
+               ratio_of(sub, ref), "≥ 1.0 × nginx", met_if(sub, ref, 1.0))
 
 
 def fixed_rate(runner, stack, has_nginx):

@@ -47,7 +47,7 @@ def build(args):
                     "--target-dir", str(TOOLS_TARGET)], cwd=ROOT, check=True)
 
 
-def nginx_conf(workdir, name, body, workers=2):
+def nginx_conf(workdir, name, body, workers=2, access_log=False):
     conf = workdir / f"{name}.conf"
     temp = workdir / f"{name}-temp"
     temp.mkdir(exist_ok=True)
@@ -58,7 +58,7 @@ pid {workdir}/{name}.pid;
 error_log {workdir}/{name}-error.log warn;
 events {{ worker_connections 8192; }}
 http {{
-  access_log off;
+  {f"access_log {workdir}/{name}-access.log;" if access_log else "access_log off;"}
   default_type text/plain;
   keepalive_requests 1000000;
   client_body_temp_path {temp}/body;
@@ -69,15 +69,18 @@ http {{
     return conf
 
 
-def gateway_conf(workdir, name, port, store, upstream_port):
+def gateway_conf(workdir, name, port, store, upstream_port, request_log=False):
     conf = workdir / f"{name}.toml"
+    # "info" is the default: one line per request, like nginx's access log;
+    # "warn" has no per-request line, like nginx with access_log off.
+    level = "info" if request_log else "warn"
     conf.write_text(f"""
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{free_port()}"
 store = "{store}"
 
 [log]
-level = "warn"   # no per-request line, like nginx with access_log off
+level = "{level}"
 
 [gateway]
 key_ttl = "10m"
@@ -99,9 +102,9 @@ class Stack:
         self.ports = {}
         self.pids = {}
 
-    def start_nginx(self, name, body):
+    def start_nginx(self, name, body, access_log=False):
         port = free_port()
-        conf = nginx_conf(self.workdir, name, body.replace("PORT", str(port)))
+        conf = nginx_conf(self.workdir, name, body.replace("PORT", str(port)), access_log=access_log)
         proc = self.procs.start(name, [self.nginx, "-p", str(self.workdir), "-c", str(conf)], port)
         self.ports[name], self.pids[name] = port, proc.pid
         return port
@@ -116,9 +119,9 @@ class Stack:
         say("redis-server not found: using the shared Redis on 127.0.0.1:6379 with a run-unique prefix")
         return f"redis://127.0.0.1:6379/0?prefix=idemgate-lt-{NONCE}:"
 
-    def start_gateway(self, name, store, upstream_port):
+    def start_gateway(self, name, store, upstream_port, request_log=False):
         port = free_port()
-        conf = gateway_conf(self.workdir, name, port, store, upstream_port)
+        conf = gateway_conf(self.workdir, name, port, store, upstream_port, request_log)
         proc = self.procs.start(name, [str(shared.GATEWAY), "serve", "--config", str(conf)], port)
         self.ports[name], self.pids[name] = port, proc.pid
         return port
