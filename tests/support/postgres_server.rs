@@ -106,6 +106,15 @@ impl PostgresProcess {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// Keeps the server for the rest of this test process: it is stopped
+    /// (and its directory removed) once the process is gone, however it ends.
+    pub fn keep_until_this_process_exits(mut self) {
+        let child = self.child.take().expect("a running server");
+        super::services::stop_when_this_process_exits(child.id(), "INT", &self.dir.0);
+        std::mem::forget(child);
+        std::mem::forget(self);
+    }
+
     /// Stops the server and waits until it and its children are gone.
     pub fn stop(&mut self, how: Stop) {
         let Some(mut child) = self.child.take() else { return };

@@ -84,6 +84,15 @@ impl RedisProcess {
         panic!("redis-server did not start: {last_error}");
     }
 
+    /// Keeps the server for the rest of this test process: it is stopped
+    /// (and its directory removed) once the process is gone, however it ends.
+    pub fn keep_until_this_process_exits(mut self) {
+        let child = self.child.take().expect("a running server");
+        super::services::stop_when_this_process_exits(child.id(), "TERM", &self.dir.0);
+        std::mem::forget(child);
+        std::mem::forget(self);
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
         self.signal("-STOP");

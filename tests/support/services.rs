@@ -1,12 +1,15 @@
-//! The shared servers the suite needs, and one clear message when one is
-//! missing.
+//! The shared servers the suite needs.
 //!
 //! Most tests talk to the PostgreSQL at `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`) and the Redis at `REDIS_URL`
-//! (default `redis://127.0.0.1:6379/0`). A machine without them would fail
-//! dozens of tests with a dozen different errors; instead, the first use of
-//! either checks that something listens there and, if not, fails with what
-//! to start or set.
+//! (default `redis://127.0.0.1:6379/0`). When the variable is set, the
+//! server must be there: the first use checks that something listens and,
+//! if not, fails with what to start or set. When it is not set and nothing
+//! runs at the default address, the test process starts a private server
+//! on a free port (as the fault tests do) and uses it; it is stopped when
+//! the process exits. So `cargo test` on a machine with the server binaries
+//! installed needs nothing running. `IDEMGATE_TEST_PRIVATE_SERVERS=1`
+//! forces the private servers (to check this path where shared ones run).
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::OnceLock;
@@ -42,13 +45,46 @@ fn require(name: &str, variable: &str, url: &str, default_port: u16, start: &str
     }
 }
 
-/// The shared PostgreSQL's URL, once it is known to listen.
+/// Whether the private servers are forced (`IDEMGATE_TEST_PRIVATE_SERVERS=1`).
+fn private_forced() -> bool {
+    std::env::var_os("IDEMGATE_TEST_PRIVATE_SERVERS").is_some_and(|v| v == "1")
+}
+
+/// Stops `pid` with `signal` (then SIGKILL) and removes `dir` once this
+/// process has exited, by a small watchdog shell of its own.
+// The watchdog outlives this process by design: nothing here waits for it.
+#[allow(clippy::zombie_processes)]
+pub fn stop_when_this_process_exits(pid: u32, signal: &str, dir: &std::path::Path) {
+    let me = std::process::id();
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 0.5; done; kill -{signal} {pid} 2>/dev/null; \
+         for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 {pid} 2>/dev/null || break; sleep 0.5; done; \
+         kill -KILL {pid} 2>/dev/null; rm -rf '{}'",
+        dir.display()
+    );
+    std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the watchdog of a private test server");
+}
+
+/// The suite's PostgreSQL: `DATABASE_URL`, else the one on 127.0.0.1:5432,
+/// else a private one for this test process.
 pub fn postgres_url() -> String {
     static CHECKED: OnceLock<String> = OnceLock::new();
     CHECKED
         .get_or_init(|| {
-            let url =
-                std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+            let given = std::env::var("DATABASE_URL").ok().filter(|_| !private_forced());
+            if given.is_none() && (private_forced() || !listening("127.0.0.1:5432")) {
+                let server = super::postgres_server::PostgresProcess::start();
+                let url = server.url();
+                server.keep_until_this_process_exits();
+                return url;
+            }
+            let url = given.unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_string());
             require(
                 "PostgreSQL",
                 "DATABASE_URL",
@@ -63,12 +99,20 @@ pub fn postgres_url() -> String {
         .clone()
 }
 
-/// The shared Redis's URL, once it is known to listen.
+/// The suite's Redis: `REDIS_URL`, else the one on 127.0.0.1:6379, else a
+/// private one for this test process.
 pub fn redis_url() -> String {
     static CHECKED: OnceLock<String> = OnceLock::new();
     CHECKED
         .get_or_init(|| {
-            let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_string());
+            let given = std::env::var("REDIS_URL").ok().filter(|_| !private_forced());
+            if given.is_none() && (private_forced() || !listening("127.0.0.1:6379")) {
+                let server = super::redis_server::RedisProcess::start();
+                let url = server.url();
+                server.keep_until_this_process_exits();
+                return url;
+            }
+            let url = given.unwrap_or_else(|| "redis://127.0.0.1:6379/0".to_string());
             require(
                 "Redis",
                 "REDIS_URL",
