@@ -292,7 +292,10 @@ fn bin_dir() -> PathBuf {
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|version| root.join(version.to_string()).join("bin/postgres").exists())
         .max();
-    let version = newest.expect("PostgreSQL server binaries under /usr/lib/postgresql (or set PG_BIN)");
+    let version = newest.expect(
+        "PostgreSQL's server binaries are not installed (looked in /usr/lib/postgresql/<version>/bin): \
+         install the postgresql package (Debian: apt-get install postgresql) or set PG_BIN to their directory",
+    );
     root.join(version.to_string()).join("bin")
 }
 

@@ -337,7 +337,12 @@ fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> 
         .stdout(log)
         .stderr(log_err)
         .spawn()
-        .map_err(|e| format!("spawn redis-server: {e}"))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "redis-server is not installed (or not on PATH): install the \
+                 redis-server package (Debian: apt-get install redis-server)"
+                .to_string(),
+            _ => format!("spawn redis-server: {e}"),
+        })?;
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if command(port, &["PING"]).is_ok_and(|reply| reply == "PONG") {
