@@ -10,23 +10,39 @@ use idemgate::http::listener::bind;
 use idemgate::outbox::roles::{Duty, Role};
 
 #[derive(Parser)]
-#[command(name = "idemgate", version, about = "Makes retries safe: an idempotency gateway and an outbox relay.")]
+#[command(
+    name = "idemgate",
+    version,
+    about = "Makes retries safe: an idempotency gateway and an outbox relay.",
+    after_help = ENVIRONMENT
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// Shown under every command's `--help`.
+const ENVIRONMENT: &str = "Every setting of the config file can also be set in the environment as \
+IDEMGATE__SECTION__FIELD, for example IDEMGATE__GATEWAY__LEASE=10s, IDEMGATE__ADMIN__TOKEN=<16+ characters> \
+or IDEMGATE__STORE=redis://127.0.0.1:6379/0. Flags win over the environment, which wins over the file. \
+Store URLs: memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, postgres://.";
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway.
+    #[command(after_help = ENVIRONMENT)]
     Serve(ServeArgs),
     /// Validate a config and print the effective config (secrets redacted).
+    #[command(after_help = ENVIRONMENT)]
     CheckConfig(ServeArgs),
     /// Run the gateway with the embedded store in front of a toy payments API.
+    #[command(after_help = ENVIRONMENT)]
     Demo(DemoArgs),
     /// Run the outbox relay (destinations come from the config file).
+    #[command(after_help = ENVIRONMENT)]
     Relay(RelayArgs),
     /// Create or upgrade the Postgres schema `idemgate` (idempotent).
+    #[command(after_help = ENVIRONMENT)]
     Migrate(MigrateArgs),
 }
 
@@ -66,7 +82,7 @@ struct RelayArgs {
     #[command(flatten)]
     database: DatabaseArgs,
     /// Admin listen address: probes, metrics, dead rows [default: 127.0.0.1:9090].
-    #[arg(long)]
+    #[arg(long, value_parser = listen_address)]
     admin_listen: Option<SocketAddr>,
 }
 
@@ -84,10 +100,10 @@ impl DatabaseArgs {
 #[derive(Args)]
 struct DemoArgs {
     /// Gateway listen address [default: 127.0.0.1:8080].
-    #[arg(long)]
+    #[arg(long, value_parser = listen_address)]
     listen: Option<SocketAddr>,
     /// Admin listen address [default: 127.0.0.1:9090].
-    #[arg(long)]
+    #[arg(long, value_parser = listen_address)]
     admin_listen: Option<SocketAddr>,
 }
 
@@ -111,16 +127,17 @@ struct ServeArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Gateway listen address [default: 127.0.0.1:8080].
-    #[arg(long)]
+    #[arg(long, value_parser = listen_address)]
     listen: Option<SocketAddr>,
     /// The upstream URL (one route for every path).
     #[arg(long)]
     upstream: Option<String>,
-    /// Store URL: memory:// (default), redis://host:port/db, redis+cluster://h1:p1,h2:p2.
+    /// Store URL: memory:// (default), redis://host:port/db, rediss:// (TLS),
+    /// redis+cluster://h1:p1,h2:p2 (or rediss+cluster://), postgres://user@host/db.
     #[arg(long)]
     store: Option<String>,
     /// Admin listen address [default: 127.0.0.1:9090].
-    #[arg(long)]
+    #[arg(long, value_parser = listen_address)]
     admin_listen: Option<SocketAddr>,
     /// Also run the outbox relay in this process.
     #[arg(long)]
@@ -141,6 +158,13 @@ impl ServeArgs {
         };
         Config::load(self.config.as_deref(), std::env::vars(), &flags).map_err(|e| e.to_string())
     }
+}
+
+/// A listen address, with an example when it is not one (a host name is not).
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!("{text:?} is not an IP address and port: write it like 127.0.0.1:8080, 0.0.0.0:8080 or [::1]:8080")
+    })
 }
 
 fn main() -> ExitCode {

@@ -277,3 +277,19 @@ async fn logs_never_contain_credentials_raw_keys_or_bodies() {
     assert!(first["fields"]["latency_us"].is_u64());
     assert_eq!(first["fields"]["route"], "default");
 }
+
+/// `serve --help` names every store scheme and the environment form, and a
+/// listen address that is a host name is refused with an example.
+#[test]
+fn help_and_listen_errors_say_what_to_write() {
+    let help = idemgate(&["serve", "--help"], &[]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in ["memory://", "redis://", "rediss://", "redis+cluster://", "postgres://", "IDEMGATE__SECTION__FIELD"]
+    {
+        assert!(text.contains(needle), "{needle} missing from serve --help:\n{text}");
+    }
+    let refused = idemgate(&["serve", "--listen", "localhost:8080"], &[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("write it like 127.0.0.1:8080"), "{stderr}");
+}
