@@ -92,10 +92,11 @@ impl ServiceUrl {
         let (authority, tail) = rest.split_at(authority_end);
         let tail = redact_query(tail);
         match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => {
-                let user = userinfo.split(':').next().unwrap_or("");
-                format!("{scheme}://{user}:[redacted]@{hosts}{tail}")
-            }
+            // Only a password is a secret: `postgres@host` stays as it is.
+            Some((userinfo, hosts)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:[redacted]@{hosts}{tail}"),
+                None => format!("{scheme}://{userinfo}@{hosts}{tail}"),
+            },
             None => format!("{scheme}://{authority}{tail}"),
         }
     }

@@ -130,10 +130,13 @@ fn secrets_never_print() {
 #[test]
 fn a_password_in_the_query_is_redacted_too() {
     let url = crate::config::ServiceUrl::new("postgres://app@db/app?sslmode=require&password=hunter2&x=1");
-    assert_eq!(url.redacted(), "postgres://app:[redacted]@db/app?sslmode=require&password=[redacted]&x=1");
+    assert_eq!(url.redacted(), "postgres://app@db/app?sslmode=require&password=[redacted]&x=1");
     let url = crate::config::ServiceUrl::new("postgres://db/app?password=hunter2");
     assert_eq!(url.redacted(), "postgres://db/app?password=[redacted]");
     assert_eq!(crate::config::ServiceUrl::new("memory://").redacted(), "memory://");
+    // A user without a password has nothing to hide.
+    let url = crate::config::ServiceUrl::new("postgres://postgres@127.0.0.1:5432/test");
+    assert_eq!(url.redacted(), "postgres://postgres@127.0.0.1:5432/test");
 }
 
 /// The configuration reference in the README must stay loadable.
