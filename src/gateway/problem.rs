@@ -167,7 +167,7 @@ impl Problem {
             Self::BodyTimeout => "Request body too slow",
             Self::UpstreamUnavailable { .. } => "Upstream unavailable",
             Self::UpstreamTimeout { .. } => "Upstream timeout",
-            Self::OutcomeUnknown { .. } => "Disposition unknown",
+            Self::OutcomeUnknown { .. } => "Outcome unknown",
             Self::ResponseIncomplete => "Upstream response incomplete",
             Self::ResponseNotReplayable => "Response not replayable",
             Self::NoRoute => "No route",
@@ -266,6 +266,14 @@ mod tests {
         let response = Problem::RequestInFlight { retry_after: Duration::ZERO }.to_response();
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(Problem::StoreUnavailable.to_response().headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn a_lost_outcome_is_titled_as_such() {
+        for held in [true, false] {
+            let problem = Problem::OutcomeUnknown { held };
+            assert_eq!((problem.slug(), problem.title()), ("outcome-unknown", "Outcome unknown"));
+        }
     }
 
     #[test]
