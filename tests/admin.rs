@@ -263,3 +263,18 @@ async fn a_known_path_with_another_method_is_405_with_allow() {
     assert_eq!(reply.status, 405, "checked before authentication: the method is wrong either way");
     assert_eq!(reply.headers["allow"], "GET, DELETE");
 }
+
+/// An unguarded request whose upstream is down counts as an upstream
+/// error, so the alert on upstream errors sees unguarded traffic too.
+#[tokio::test]
+async fn an_unguarded_request_to_a_dead_upstream_counts_as_an_upstream_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed); // nothing listens there any more
+    let gateway = TestGateway::start(config(&dead, "memory://")).await;
+    let answer = gateway.get("/health-of-the-api").send().await;
+    assert_eq!(answer.status, 502, "{}", answer.text());
+    let metrics = gateway.admin("GET", "/metrics").send().await.text();
+    assert!(metrics.contains(r#"idemgate_requests_total{outcome="upstream-error",route="default"} 1"#), "{metrics}");
+    assert!(!metrics.contains(r#"outcome="passthrough""#), "{metrics}");
+}

@@ -63,8 +63,9 @@ pub enum Disposition {
     StoreError,
     /// The store failed and the request was forwarded unguarded.
     FailOpen,
-    /// The upstream failed (`502`); the key was released, or completed
-    /// without a body when the upstream's status said it acted.
+    /// The upstream failed (`502`, `504` unguarded); a guarded key was
+    /// released, or completed without a body when the upstream's status
+    /// said it acted.
     UpstreamError,
     /// The client's wait ran out (`504`); the attempt goes on in the background.
     TimedOut,
@@ -278,7 +279,8 @@ impl<S: Store> Gateway<S> {
         connection: &ConnectionInfo,
     ) -> (Disposition, Option<String>, Response<ResponseBody>) {
         if !route.guards(request.method()) {
-            return (Disposition::Passthrough, None, self.passthrough(route, request, connection).await);
+            let (disposition, response) = self.passthrough(route, request, connection).await;
+            return (disposition, None, response);
         }
         match IdempotencyKey::from_headers(request.headers()) {
             // Boxed: the guarded future is several kilobytes, and hyper keeps
@@ -286,20 +288,25 @@ impl<S: Store> Gateway<S> {
             // every idle connection) would carry and copy it.
             Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,
             Ok(None) if route.require_key => (Disposition::MissingKey, None, Problem::MissingKey.to_response()),
-            Ok(None) => (Disposition::Passthrough, None, self.passthrough(route, request, connection).await),
+            Ok(None) => {
+                let (disposition, response) = self.passthrough(route, request, connection).await;
+                (disposition, None, response)
+            }
             Err(e) => (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response()),
         }
     }
 
     /// Forwards without touching the store, streaming both bodies; a
     /// client that stalls its body longer than `request_body_timeout`
-    /// between two chunks ends the upstream request.
+    /// between two chunks ends the upstream request. A failed forward is
+    /// counted as `upstream_error`, like a guarded one, so alerts on
+    /// upstream errors see unguarded traffic too.
     async fn passthrough(
         &self,
         route: &Route,
         request: Request<Incoming>,
         connection: &ConnectionInfo,
-    ) -> Response<ResponseBody> {
+    ) -> (Disposition, Response<ResponseBody>) {
         let (parts, body) = request.into_parts();
         let body = match http_body::Body::is_end_stream(&body) {
             true => boxed(body),
@@ -309,7 +316,7 @@ impl<S: Store> Gateway<S> {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
-                return Problem::Internal.to_response();
+                return (Disposition::UpstreamError, Problem::Internal.to_response());
             }
         };
         let sent = Instant::now();
@@ -322,11 +329,11 @@ impl<S: Store> Gateway<S> {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::clean_response_head(&mut parts);
-                Response::from_parts(parts, boxed(body))
+                (Disposition::Passthrough, Response::from_parts(parts, boxed(body)))
             }
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "upstream failed");
-                guard::unguarded_problem(&e)
+                (Disposition::UpstreamError, guard::unguarded_problem(&e))
             }
         }
     }
