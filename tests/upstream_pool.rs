@@ -151,5 +151,7 @@ async fn a_refused_connection_is_an_error_and_frees_its_slot() {
     for _ in 0..3 {
         let error = upstream.send(get(&uri, "/"), Duration::from_secs(5)).await.unwrap_err();
         assert!(error.to_string().starts_with("cannot connect to the upstream"), "{error}");
+        assert!(error.to_string().contains(&format!("{uri}")), "names the upstream: {error}");
+        assert!(error.to_string().to_lowercase().contains("refused"), "names the cause: {error}");
     }
 }

@@ -39,8 +39,14 @@ use super::body::ResponseBody;
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// No connection could be opened (refused, DNS, TLS handshake): nothing was sent.
-    #[error("cannot connect to the upstream: {0}")]
-    Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot connect to the upstream {origin}: {}", crate::escape::printable(&error_chain(source.as_ref()), 512))]
+    Connect {
+        /// `scheme://host:port`: which upstream (a DNS error does not say).
+        origin: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Every connection slot stayed busy for the whole wait: nothing was sent.
     #[error("no upstream connection became free within {0:?}")]
     NoConnection(Duration),
@@ -66,7 +72,7 @@ impl UpstreamError {
     /// `false` only when the request provably never reached the upstream.
     pub fn may_have_been_sent(&self) -> bool {
         match self {
-            Self::Connect(_) | Self::NoConnection(_) | Self::NotSent(_) | Self::Build(_) => false,
+            Self::Connect { .. } | Self::NoConnection(_) | Self::NotSent(_) | Self::Build(_) => false,
             Self::Lost(_) | Self::Body(_) | Self::TimedOut(_) => true,
         }
     }
@@ -84,6 +90,22 @@ pub enum ClientError {
     /// The extra CA file cannot be used (boxed: large, and rare).
     #[error(transparent)]
     Tls(Box<super::tls::TlsError>),
+}
+
+/// An error and its sources, `: `-joined (hyper's connect errors say
+/// "client error (Connect)" and keep the cause, "dns error: …", a level down).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(source) = next {
+        let part = source.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = source.source();
+    }
+    text
 }
 
 /// A pooled client for one upstream origin (HTTP/1.1 keep-alive, `http` or `https`).
@@ -236,8 +258,9 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<SendRequest<ResponseBody>, UpstreamError> {
-        let io = self.connector.clone().oneshot(self.origin.clone()).await.map_err(UpstreamError::Connect)?;
-        let (sender, connection) = http1::handshake(io).await.map_err(|e| UpstreamError::Connect(Box::new(e)))?;
+        let connect = |source| UpstreamError::Connect { origin: self.origin.to_string(), source };
+        let io = self.connector.clone().oneshot(self.origin.clone()).await.map_err(connect)?;
+        let (sender, connection) = http1::handshake(io).await.map_err(|e| connect(Box::new(e)))?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
