@@ -53,8 +53,14 @@ pub enum Problem {
     BadRequestBody,
     /// The request body did not arrive within `request_body_timeout`.
     BodyTimeout,
-    /// The upstream failed and nothing was stored.
+    /// The upstream failed and nothing was stored (a guarded request).
     UpstreamUnavailable {
+        /// `false` when the request provably never reached the upstream.
+        sent: bool,
+    },
+    /// The upstream failed for a request without a key (passthrough,
+    /// fail-open): same type and status, a detail that speaks of no key.
+    UnguardedUpstreamFailed {
         /// `false` when the request provably never reached the upstream.
         sent: bool,
     },
@@ -106,7 +112,7 @@ impl Problem {
             Self::HeadersTooLarge { .. } => "headers-too-large",
             Self::BadRequestBody => "bad-request-body",
             Self::BodyTimeout => "request-body-timeout",
-            Self::UpstreamUnavailable { .. } => "upstream-unavailable",
+            Self::UpstreamUnavailable { .. } | Self::UnguardedUpstreamFailed { .. } => "upstream-unavailable",
             Self::UpstreamTimeout { .. } => "upstream-timeout",
             Self::OutcomeUnknown { .. } => "outcome-unknown",
             Self::ResponseIncomplete => "response-incomplete",
@@ -135,9 +141,10 @@ impl Problem {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::UpstreamUnavailable { .. } | Self::OutcomeUnknown { .. } | Self::ResponseIncomplete => {
-                StatusCode::BAD_GATEWAY
-            }
+            Self::UpstreamUnavailable { .. }
+            | Self::UnguardedUpstreamFailed { .. }
+            | Self::OutcomeUnknown { .. }
+            | Self::ResponseIncomplete => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             // Not 409 or 5xx: clients must not retry it automatically, since
             // the upstream did act and a retry can never get the response.
@@ -165,7 +172,7 @@ impl Problem {
             Self::HeadersTooLarge { .. } => "Request headers too large",
             Self::BadRequestBody => "Request body could not be read",
             Self::BodyTimeout => "Request body too slow",
-            Self::UpstreamUnavailable { .. } => "Upstream unavailable",
+            Self::UpstreamUnavailable { .. } | Self::UnguardedUpstreamFailed { .. } => "Upstream unavailable",
             Self::UpstreamTimeout { .. } => "Upstream timeout",
             Self::OutcomeUnknown { .. } => "Outcome unknown",
             Self::ResponseIncomplete => "Upstream response incomplete",
@@ -194,7 +201,9 @@ impl Problem {
             Self::UriTooLong { limit } => format!("The request target (path and query) is longer than {limit} bytes. It was not forwarded."),
             Self::HeadersTooLarge { limit } => format!("The request headers exceed {limit} bytes. It was not forwarded."),
             Self::BodyTimeout => "The request body did not arrive in time. It was not forwarded; nothing was recorded for its key.".into(),
-            Self::UpstreamUnavailable { sent: false } => "The upstream could not be reached; the request was not sent to it. Retrying (with the same Idempotency-Key, if any) runs it.".into(),
+            Self::UpstreamUnavailable { sent: false } => "The upstream could not be reached; the request was not sent to it. Retrying with the same Idempotency-Key runs it.".into(),
+            Self::UnguardedUpstreamFailed { sent: false } => "The upstream could not be reached; the request was not sent to it, so retrying it is safe.".into(),
+            Self::UnguardedUpstreamFailed { sent: true } => "The upstream failed after the request was sent to it: it may have acted. This request carried no Idempotency-Key, so a retry runs it again; retry only if that is safe.".into(),
             Self::UpstreamUnavailable { sent: true } => "The upstream failed after the request was sent to it, with an answer that does not count as executed, and no response was stored. Retrying with the same Idempotency-Key runs the request again.".into(),
             Self::UpstreamTimeout { still_running: true } => "The upstream did not answer in time, but the request was sent and is still running. Retry with the same Idempotency-Key: you get 409 until it finishes, then its result.".into(),
             Self::UpstreamTimeout { still_running: false } => "The upstream did not answer in time. The request may have reached it.".into(),
@@ -266,6 +275,16 @@ mod tests {
         let response = Problem::RequestInFlight { retry_after: Duration::ZERO }.to_response();
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(Problem::StoreUnavailable.to_response().headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn an_unguarded_failure_speaks_of_no_key_it_did_not_have() {
+        let unsent = Problem::UnguardedUpstreamFailed { sent: false };
+        assert_eq!((unsent.status(), unsent.slug()), (StatusCode::BAD_GATEWAY, "upstream-unavailable"));
+        assert!(!unsent.detail().contains("Idempotency-Key") && unsent.detail().contains("safe"));
+        let sent = Problem::UnguardedUpstreamFailed { sent: true }.detail();
+        assert!(sent.contains("may have acted") && sent.contains("carried no Idempotency-Key"), "{sent}");
+        assert!(!Problem::UpstreamUnavailable { sent: false }.detail().contains("if any"));
     }
 
     #[test]

@@ -132,6 +132,6 @@ fn refuse_body(error: BodyError, body: Incoming, version: Version) -> Response<R
 pub(super) fn unguarded_problem(error: &UpstreamError) -> Response<ResponseBody> {
     match error {
         UpstreamError::TimedOut(_) => Problem::UpstreamTimeout { still_running: false }.to_response(),
-        error => Problem::UpstreamUnavailable { sent: error.may_have_been_sent() }.to_response(),
+        error => Problem::UnguardedUpstreamFailed { sent: error.may_have_been_sent() }.to_response(),
     }
 }
