@@ -1,5 +1,6 @@
 //! Text from outside (a destination's response body, a database server's
-//! message) made safe to print on one log line or store as `last_error`.
+//! message, an error's chain of causes) made safe to print on one log line
+//! or store as `last_error`.
 
 /// `text` made safe for one log line or a stored `last_error`, whoever
 /// wrote it (a destination's response body, a server's message): control
@@ -28,6 +29,59 @@ pub fn printable(text: &str, max_chars: usize) -> String {
         }
     }
     out
+}
+
+/// An error followed by its sources, `: `-joined, on one line.
+///
+/// tokio-postgres, deadpool and hyper print only their outermost layer
+/// ("db error", "error performing TLS handshake", "client error
+/// (Connect)"), and the cause ("invalid peer certificate: UnknownIssuer",
+/// the server's `FATAL` message, "Connection refused") is what an
+/// operator needs. A source whose text an outer layer already printed is
+/// not repeated. An error the server sent is printed as its severity,
+/// message and SQLSTATE (with its detail and hint), in place of the
+/// driver's bare "db error". The whole is [`printable`]: a server message
+/// may hold a newline, and a log line must not.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut printed = String::new();
+        let mut next = Some(self.0);
+        while let Some(error) = next {
+            next = error.source();
+            let text = match error.downcast_ref::<tokio_postgres::error::DbError>() {
+                Some(db) => server_error(db),
+                // Its source, the server's error, says all it would.
+                None if error.downcast_ref::<tokio_postgres::Error>().is_some_and(|e| e.as_db_error().is_some()) => {
+                    continue;
+                }
+                None => error.to_string(),
+            };
+            if !printed.contains(&text) {
+                if !printed.is_empty() {
+                    printed.push_str(": ");
+                }
+                printed.push_str(&text);
+            }
+        }
+        f.write_str(&printable(&printed, usize::MAX))
+    }
+}
+
+/// `ERROR: permission denied for table outbox (SQLSTATE 42501)`, then the
+/// detail and the hint if the server sent them.
+fn server_error(db: &tokio_postgres::error::DbError) -> String {
+    let mut text = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text.push_str("; DETAIL: ");
+        text.push_str(detail);
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str("; HINT: ");
+        text.push_str(hint);
+    }
+    text
 }
 
 #[cfg(test)]

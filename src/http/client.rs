@@ -39,7 +39,7 @@ use super::body::ResponseBody;
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// No connection could be opened (refused, DNS, TLS handshake): nothing was sent.
-    #[error("cannot connect to the upstream {origin}: {}", crate::escape::printable(&error_chain(source.as_ref()), 512))]
+    #[error("cannot connect to the upstream {origin}: {}", crate::escape::ErrorChain(source.as_ref()))]
     Connect {
         /// `scheme://host:port`: which upstream (a DNS error does not say).
         origin: String,
@@ -90,22 +90,6 @@ pub enum ClientError {
     /// The extra CA file cannot be used (boxed: large, and rare).
     #[error(transparent)]
     Tls(Box<super::tls::TlsError>),
-}
-
-/// An error and its sources, `: `-joined (hyper's connect errors say
-/// "client error (Connect)" and keep the cause, "dns error: …", a level down).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut next = error.source();
-    while let Some(source) = next {
-        let part = source.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        next = source.source();
-    }
-    text
 }
 
 /// A pooled client for one upstream origin (HTTP/1.1 keep-alive, `http` or `https`).

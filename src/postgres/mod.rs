@@ -11,7 +11,7 @@
 //!   enforces.
 //! - [`Database`] — a bounded pool and the [`Schema`] its statements address;
 //!   [`PostgresError`] — why reaching it failed, with the server's message
-//!   and SQLSTATE ([`ErrorChain`]).
+//!   and SQLSTATE ([`ErrorChain`], from [`crate::escape`]).
 
 pub mod endpoint;
 pub mod migrate;
@@ -24,7 +24,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 pub use endpoint::Endpoint;
 
-use crate::escape::printable;
+pub use crate::escape::ErrorChain;
 
 /// Why reaching Postgres failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,58 +63,6 @@ impl From<deadpool_postgres::PoolError> for PostgresError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         Self::Pool(e)
     }
-}
-
-/// An error followed by its sources, `: `-joined, on one line.
-///
-/// tokio-postgres and deadpool print only their outermost layer ("db
-/// error", "error performing TLS handshake"), and the cause ("invalid peer
-/// certificate: UnknownIssuer", the server's `FATAL` message) is what an
-/// operator needs. A source whose text an outer layer already printed is
-/// not repeated. An error the server sent is printed as its severity,
-/// message and SQLSTATE (with its detail and hint), in place of the
-/// driver's bare "db error". The whole is [`printable`]: a server message
-/// may hold a newline, and a log line must not.
-pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut printed = String::new();
-        let mut next = Some(self.0);
-        while let Some(error) = next {
-            next = error.source();
-            let text = match error.downcast_ref::<tokio_postgres::error::DbError>() {
-                Some(db) => server_error(db),
-                // Its source, the server's error, says all it would.
-                None if error.downcast_ref::<tokio_postgres::Error>().is_some_and(|e| e.as_db_error().is_some()) => {
-                    continue;
-                }
-                None => error.to_string(),
-            };
-            if !printed.contains(&text) {
-                if !printed.is_empty() {
-                    printed.push_str(": ");
-                }
-                printed.push_str(&text);
-            }
-        }
-        f.write_str(&printable(&printed, usize::MAX))
-    }
-}
-
-/// `ERROR: permission denied for table outbox (SQLSTATE 42501)`, then the
-/// detail and the hint if the server sent them.
-fn server_error(db: &tokio_postgres::error::DbError) -> String {
-    let mut text = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
-    if let Some(detail) = db.detail() {
-        text.push_str("; DETAIL: ");
-        text.push_str(detail);
-    }
-    if let Some(hint) = db.hint() {
-        text.push_str("; HINT: ");
-        text.push_str(hint);
-    }
-    text
 }
 
 /// The schema holding the outbox (and the gateway's keys): `idemgate`

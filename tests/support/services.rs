@@ -34,17 +34,6 @@ fn listening(address: &str) -> bool {
     addresses.into_iter().any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
 }
 
-/// Panics with what to do when nothing listens at `url`'s address.
-fn require(name: &str, variable: &str, url: &str, default_port: u16, start: &str) {
-    let Some(address) = address_of(url, default_port) else { return };
-    if !listening(&address) {
-        panic!(
-            "the test suite needs {name} at {address} ({variable} = {url:?}) and nothing listens there: {start}, \
-             or set {variable} to one that runs (see README, Development)"
-        );
-    }
-}
-
 /// Whether the private servers are forced (`IDEMGATE_TEST_PRIVATE_SERVERS=1`).
 fn private_forced() -> bool {
     std::env::var_os("IDEMGATE_TEST_PRIVATE_SERVERS").is_some_and(|v| v == "1")
@@ -71,57 +60,81 @@ pub fn stop_when_this_process_exits(pid: u32, signal: &str, dir: &std::path::Pat
         .expect("start the watchdog of a private test server");
 }
 
+/// One of the servers the suite shares.
+struct Service {
+    name: &'static str,
+    variable: &'static str,
+    default_url: &'static str,
+    default_port: u16,
+    /// What to do when `variable` names a server that is not there.
+    start: &'static str,
+    /// Starts a private server for this process; returns its URL.
+    start_private: fn() -> String,
+}
+
+impl Service {
+    /// `variable` if set, else the server at the default address, else a
+    /// private one for this process.
+    fn url(&self) -> String {
+        let given = std::env::var(self.variable).ok().filter(|_| !private_forced());
+        let Some(url) = given else {
+            let default = format!("127.0.0.1:{}", self.default_port);
+            if private_forced() || !listening(&default) {
+                return (self.start_private)();
+            }
+            return self.default_url.to_string();
+        };
+        if let Some(address) = address_of(&url, self.default_port)
+            && !listening(&address)
+        {
+            panic!(
+                "the test suite needs {} at {address} ({} = {url:?}) and nothing listens there: {}, \
+                 or point {} at one that runs (see README, Development)",
+                self.name, self.variable, self.start, self.variable
+            );
+        }
+        url
+    }
+}
+
 /// The suite's PostgreSQL: `DATABASE_URL`, else the one on 127.0.0.1:5432,
 /// else a private one for this test process.
 pub fn postgres_url() -> String {
-    static CHECKED: OnceLock<String> = OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            let given = std::env::var("DATABASE_URL").ok().filter(|_| !private_forced());
-            if given.is_none() && (private_forced() || !listening("127.0.0.1:5432")) {
-                let server = super::postgres_server::PostgresProcess::start();
-                let url = server.url();
-                server.keep_until_this_process_exits();
-                return url;
-            }
-            let url = given.unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_string());
-            require(
-                "PostgreSQL",
-                "DATABASE_URL",
-                &url,
-                5432,
-                "install and start it (Debian: `apt-get install postgresql`, then \
-                 `pg_ctlcluster <version> main start`; trust auth for postgres on 127.0.0.1 and a database `test`, \
-                 as .ci/run sets up)",
-            );
+    static URL: OnceLock<String> = OnceLock::new();
+    let service = Service {
+        name: "PostgreSQL",
+        variable: "DATABASE_URL",
+        default_url: "postgres://postgres@127.0.0.1:5432/test",
+        default_port: 5432,
+        start: "start it (Debian: `pg_ctlcluster <version> main start`; trust auth for postgres on 127.0.0.1), \
+                or unset DATABASE_URL to let each test process start a private one",
+        start_private: || {
+            let server = super::postgres_server::PostgresProcess::start();
+            let url = server.url();
+            server.keep_until_this_process_exits();
             url
-        })
-        .clone()
+        },
+    };
+    URL.get_or_init(|| service.url()).clone()
 }
 
 /// The suite's Redis: `REDIS_URL`, else the one on 127.0.0.1:6379, else a
 /// private one for this test process.
 pub fn redis_url() -> String {
-    static CHECKED: OnceLock<String> = OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            let given = std::env::var("REDIS_URL").ok().filter(|_| !private_forced());
-            if given.is_none() && (private_forced() || !listening("127.0.0.1:6379")) {
-                let server = super::redis_server::RedisProcess::start();
-                let url = server.url();
-                server.keep_until_this_process_exits();
-                return url;
-            }
-            let url = given.unwrap_or_else(|| "redis://127.0.0.1:6379/0".to_string());
-            require(
-                "Redis",
-                "REDIS_URL",
-                &url,
-                6379,
-                "install and start it (Debian: `apt-get install redis-server`, then \
-                 `redis-server --daemonize yes --port 6379 --save ''`)",
-            );
+    static URL: OnceLock<String> = OnceLock::new();
+    let service = Service {
+        name: "Redis",
+        variable: "REDIS_URL",
+        default_url: "redis://127.0.0.1:6379/0",
+        default_port: 6379,
+        start: "start it (`redis-server --daemonize yes --port 6379 --save ''`), \
+                or unset REDIS_URL to let each test process start a private one",
+        start_private: || {
+            let server = super::redis_server::RedisProcess::start();
+            let url = server.url();
+            server.keep_until_this_process_exits();
             url
-        })
-        .clone()
+        },
+    };
+    URL.get_or_init(|| service.url()).clone()
 }

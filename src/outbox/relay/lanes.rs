@@ -335,14 +335,9 @@ impl<P: Publisher> Relay<P> {
     async fn record_deliveries(self, lane: Arc<Lane>, mut recorded: mpsc::UnboundedReceiver<Published>) {
         let mut batch = Vec::new();
         while recorded.recv_many(&mut batch, MAX_RECORDED_TOGETHER).await > 0 {
-            let mut leases = Vec::with_capacity(batch.len());
-            let (rows, places): (Vec<Claimed>, Vec<OwnedSemaphorePermit>) = batch
-                .drain(..)
-                .map(|published| {
-                    leases.push(published.lease);
-                    (published.row, published.unsettled)
-                })
-                .unzip();
+            let leases: Vec<Lease> = batch.iter().map(|published| published.lease).collect();
+            let (rows, places): (Vec<Claimed>, Vec<OwnedSemaphorePermit>) =
+                batch.drain(..).map(|published| (published.row, published.unsettled)).unzip();
             self.complete(&rows, leases).await;
             // Only now are they settled: the rows left the outbox (or their claims were found lost).
             drop(places);
