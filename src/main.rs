@@ -202,6 +202,10 @@ fn run(command: Command) -> Result<(), String> {
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 eprintln!("warning: {warning}");
             }
+            if config.routes.is_empty() {
+                // A relay's config: valid, but not one to serve with.
+                eprintln!("warning: `idemgate serve` refuses this config ({})", idemgate::app::check::NO_ROUTES);
+            }
             let printed = toml::to_string(&config).map_err(|e| e.to_string())?;
             println!("{printed}");
             Ok(())

@@ -130,17 +130,3 @@ ca_file = "/nonexistent/billing-ca.pem"
     let line = |text: &str| text.lines().find(|l| l.starts_with("idemgate: ")).map(str::to_owned);
     assert_eq!(line(&stderr(&relay)), line(&message), "relay: {}", stderr(&relay));
 }
-
-#[test]
-fn a_bad_sslmode_in_the_database_url_stops_check_config_as_it_stops_relay() {
-    let config = ConfigFile::new(
-        r#"
-[relay]
-database_url = "postgres://relay:hunter2@127.0.0.1:5432/app?sslmode=verify"
-"#,
-    );
-    let output = check_config(&config);
-    assert_eq!(output.status.code(), Some(2));
-    let message = stderr(&output);
-    assert!(message.contains("sslmode=\"verify\"") && !message.contains("hunter2"), "{message}");
-}

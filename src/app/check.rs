@@ -13,6 +13,7 @@ use crate::admin::AdminAccess;
 use crate::config::Config;
 use crate::gateway::routes::RouteTable;
 use crate::idempotency::StatusPolicy;
+use crate::store::AnyStore;
 use crate::store::sealing::Sealer;
 
 /// Checks `config` as every command would use it; returns the warnings
@@ -20,9 +21,14 @@ use crate::store::sealing::Sealer;
 pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
     let mut warnings = config.validate()?;
     Sealer::from_config(&config.store_encryption)?;
+    AnyStore::check_url(config.store.expose())
+        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
     let g = &config.gateway;
     RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)
         .map_err(crate::gateway::BuildError::from)?;
+    if config.routes.is_empty() && config.destinations.is_empty() {
+        return Err(StartError::Missing(NOTHING_TO_RUN));
+    }
     if let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) {
         crate::http::tls::acceptor(cert, key)?;
     }
@@ -30,3 +36,10 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
     warnings.extend(crate::outbox::check::check(config)?);
     Ok(warnings)
 }
+
+/// What `serve` and `check-config` say of a config with nothing to serve.
+pub const NO_ROUTES: &str = "no upstream configured: pass --upstream URL or add [[routes]] to the config file";
+
+/// What every command says of a config with neither.
+pub const NOTHING_TO_RUN: &str = "nothing to run: pass --upstream URL or add [[routes]] for `idemgate serve`, \
+     or add [destinations.<name>] for `idemgate relay`";

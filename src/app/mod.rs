@@ -35,6 +35,7 @@ pub struct Listeners {
 pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let gateway = build(config).await?;
     let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
+    gateway.probe_upstreams();
     serve_on(listeners, gateway, config, shutdown).await
 }
 
@@ -51,6 +52,7 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
     // One /metrics for both halves.
     let relay = relay.with_metrics(gateway.metrics().clone());
     let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
+    gateway.probe_upstreams();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut relay_task = tokio::spawn(relay.start(listen, stop.clone()));
     let gateway = serve_on(listeners, gateway, config, stop.clone().cancelled_owned());
@@ -89,9 +91,7 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
 /// Opens the store and builds the gateway (no listener yet).
 pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, StartError> {
     if config.routes.is_empty() {
-        return Err(StartError::Missing(
-            "no upstream configured: pass --upstream URL or add [[routes]] to the config file",
-        ));
+        return Err(StartError::Missing(check::NO_ROUTES));
     }
     let sealer = crate::store::sealing::Sealer::from_config(&config.store_encryption)?.map(Arc::new);
     let store = AnyStore::open(config.store.expose(), sealer)

@@ -45,7 +45,7 @@ impl Config {
             }
         }
         let mut config =
-            Config::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            Config::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Parse(one_line(&e)))?;
         config.apply(flags)?;
         config.validate()?;
         Ok(config)
@@ -108,4 +108,18 @@ fn apply_env(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), Confi
     }
     current.insert(last.clone(), value);
     Ok(())
+}
+
+/// A deserialization error on one line, the field first: toml ends its
+/// message with "\nin `gateway.lease`", which a log or a terminal would
+/// show as a second line, after the message it belongs to.
+fn one_line(error: &toml::de::Error) -> String {
+    let text = error.to_string();
+    let text = text.trim_end();
+    match text.rsplit_once("\nin `") {
+        Some((message, field)) if field.ends_with('`') => {
+            format!("{}: {}", &field[..field.len() - 1], message.trim_end().replace('\n', " "))
+        }
+        _ => text.replace('\n', " "),
+    }
 }

@@ -145,6 +145,9 @@ pub struct Policy {
     pub max_header_bytes: u64,
 }
 
+/// The longest a start-up probe waits for an upstream connection.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
 /// The gateway's shared state; one per process, behind an `Arc`.
 pub struct Gateway<S> {
     store: S,
@@ -239,6 +242,29 @@ impl<S: Store> Gateway<S> {
     /// Upstream attempts still running (they settle their records before ending).
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks
+    }
+
+    /// Dials each route's upstream once, in the background, and warns
+    /// about one that cannot be reached (a name that does not resolve, a
+    /// refused port, a certificate its CA does not sign). Nothing is sent
+    /// and nothing stops: an upstream that comes up later (the app beside a
+    /// sidecar) is used as soon as it does. `/readyz` does not follow
+    /// upstreams, so this warning is where a wrong upstream shows at start.
+    pub fn probe_upstreams(&self) {
+        let wait = self.policy.upstream_timeout.min(PROBE_WAIT);
+        for route in self.routes.iter() {
+            let route = route.clone();
+            tokio::spawn(async move {
+                match route.upstream.probe(wait).await {
+                    Ok(()) => tracing::debug!(route = %route.name, "upstream reachable"),
+                    Err(e) => tracing::warn!(
+                        route = %route.name,
+                        error = %e,
+                        "upstream not reachable at start: requests to this route are answered 502 until it is"
+                    ),
+                }
+            });
+        }
     }
 
     /// Handles one client request that arrived on `connection`.

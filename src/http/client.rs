@@ -181,6 +181,23 @@ impl Upstream {
         }
         self.pool.clone().send(request, wait).await
     }
+
+    /// Opens one connection (DNS, TCP, TLS, HTTP/1 handshake) within `wait`
+    /// and keeps it idle in the pool; sends nothing. At start it tells early
+    /// whether the upstream can be reached at all, and saves the first
+    /// request the dial.
+    pub async fn probe(&self, wait: Duration) -> Result<(), UpstreamError> {
+        match tokio::time::timeout(wait, self.pool.connect()).await {
+            Ok(connected) => {
+                self.pool.put(connected?);
+                Ok(())
+            }
+            Err(_) => Err(UpstreamError::Connect {
+                origin: self.pool.origin.to_string(),
+                source: format!("no connection within {wait:?}").into(),
+            }),
+        }
+    }
 }
 
 impl Pool {

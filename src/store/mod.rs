@@ -129,10 +129,19 @@ impl AnyStore {
             Some(StoreKind::Memory) => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
             Some(StoreKind::Redis) => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer)))),
             Some(StoreKind::Postgres) => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
-            None => {
-                let scheme = url.split("://").next().unwrap_or("");
-                Err(StoreError::InvalidUrl(format!("unsupported scheme {scheme:?}")))
-            }
+            None => Err(unsupported(url)),
+        }
+    }
+
+    /// Checks a store URL as [`AnyStore::open`] reads it (scheme, options,
+    /// address), without connecting: `check-config` refuses what `open`
+    /// would, with the same message.
+    pub fn check_url(url: &str) -> Result<(), StoreError> {
+        match StoreKind::of(url) {
+            Some(StoreKind::Memory) => memory::MemoryStore::from_url(url).map(drop),
+            Some(StoreKind::Redis) => redis::check_url(url),
+            Some(StoreKind::Postgres) => postgres::check_url(url),
+            None => Err(unsupported(url)),
         }
     }
 
@@ -144,6 +153,11 @@ impl AnyStore {
             Self::Postgres(_) => "postgres",
         }
     }
+}
+
+fn unsupported(url: &str) -> StoreError {
+    let scheme = url.split("://").next().unwrap_or("");
+    StoreError::InvalidUrl(format!("unsupported scheme {scheme:?}"))
 }
 
 // The networked backends' futures are boxed: a Postgres or Redis call's

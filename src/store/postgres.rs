@@ -120,9 +120,17 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
-impl PostgresStore {
-    /// Connects, applies the migrations, and starts the cleanup task.
-    pub async fn open(url: &str) -> Result<Self, StoreError> {
+/// What a store URL says, read without connecting: the same reading
+/// serves `open` and the config check (`AnyStore::check_url`).
+struct Settings {
+    pool_size: usize,
+    timeout: Duration,
+    schema: Schema,
+    endpoint: Endpoint,
+}
+
+impl Settings {
+    fn parse(url: &str) -> Result<Self, StoreError> {
         let (base, _) = url.split_once('?').unwrap_or((url, ""));
         let mut pool_size = 16;
         let mut timeout = Duration::from_secs(2);
@@ -143,6 +151,19 @@ impl PostgresStore {
         let driver_url =
             if passthrough.is_empty() { base.to_string() } else { format!("{base}?{}", passthrough.join("&")) };
         let endpoint = Endpoint::parse(&driver_url).map_err(from_outbox)?;
+        Ok(Self { pool_size, timeout, schema, endpoint })
+    }
+}
+
+/// Checks a store URL as [`PostgresStore::open`] reads it, without connecting.
+pub fn check_url(url: &str) -> Result<(), StoreError> {
+    Settings::parse(url).map(drop)
+}
+
+impl PostgresStore {
+    /// Connects, applies the migrations, and starts the cleanup task.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let Settings { pool_size, timeout, schema, endpoint } = Settings::parse(url)?;
         let db = Database::open(endpoint.clone(), pool_size, schema).map_err(from_outbox)?;
         let mut client = migrate::connect_to(&endpoint).await.map_err(from_outbox)?;
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;

@@ -98,20 +98,23 @@ impl Connection {
     }
 }
 
-/// See the module docs.
-pub struct RedisStore {
-    codec: RecordCodec,
-    connection: Connection,
-    scripts: Scripts,
+/// What a store URL says, read without connecting: the same reading
+/// serves `open` and the config check (`AnyStore::check_url`).
+struct Settings {
     prefix: String,
     timeout: Duration,
+    certificates: Option<TlsCertificates>,
+    target: Target,
 }
 
-impl RedisStore {
-    /// Opens a store on the server or cluster a URL names. A URL or option
-    /// that cannot work fails at once; a server that does not answer only
-    /// logs a warning (see the module docs).
-    pub async fn open(url: &str) -> Result<Self, StoreError> {
+/// The server, or the cluster's seed nodes.
+enum Target {
+    Single(Box<redis::ConnectionInfo>),
+    Cluster(Vec<redis::ConnectionInfo>),
+}
+
+impl Settings {
+    fn parse(url: &str) -> Result<Self, StoreError> {
         let base = url.split_once('?').map_or(url, |(base, _)| base);
         let mut prefix = "idemgate:".to_string();
         let mut timeout = Duration::from_secs(2);
@@ -131,47 +134,88 @@ impl RedisStore {
             }
         }
         let suffix = if passthrough.is_empty() { String::new() } else { format!("?{}", passthrough.join("&")) };
-        let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
+        let parse = |url: String| {
+            url.as_str().into_connection_info().map_err(|e| {
+                let shown = crate::config::ServiceUrl::new(&url).redacted();
+                StoreError::InvalidUrl(format!(
+                    "{shown} is not a Redis address ({e}); write it like redis://127.0.0.1:6379/0"
+                ))
+            })
+        };
         let cluster = base.strip_prefix("redis+cluster://").map(|n| ("redis", n));
         let cluster = cluster.or_else(|| base.strip_prefix("rediss+cluster://").map(|n| ("rediss", n)));
-        let connection = if let Some((scheme, nodes)) = cluster {
-            let (userinfo, hosts) = nodes.rsplit_once('@').unwrap_or(("", nodes));
-            let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
-            let urls: Vec<String> = hosts
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("{scheme}://{at}{h}{suffix}"))
-                .collect();
-            if urls.is_empty() {
-                return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
+        let target = match cluster {
+            Some((scheme, nodes)) => {
+                let (userinfo, hosts) = nodes.rsplit_once('@').unwrap_or(("", nodes));
+                let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
+                let nodes = hosts
+                    .trim_end_matches('/')
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(|h| parse(format!("{scheme}://{at}{h}{suffix}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if nodes.is_empty() {
+                    return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
+                }
+                Target::Cluster(nodes)
             }
-            let mut builder = redis::cluster::ClusterClient::builder(urls).tcp_settings(no_delay()).retries(2);
-            if let Some(certificates) = certificates {
-                builder = builder.certs(certificates);
+            None => Target::Single(Box::new(parse(format!("{base}{suffix}"))?)),
+        };
+        Ok(Self { prefix, timeout, certificates, target })
+    }
+}
+
+/// Checks a store URL as [`RedisStore::open`] reads it, without connecting.
+pub fn check_url(url: &str) -> Result<(), StoreError> {
+    Settings::parse(url).map(drop)
+}
+
+/// See the module docs.
+pub struct RedisStore {
+    codec: RecordCodec,
+    connection: Connection,
+    scripts: Scripts,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl RedisStore {
+    /// Opens a store on the server or cluster a URL names. A URL or option
+    /// that cannot work fails at once; a server that does not answer only
+    /// logs a warning (see the module docs).
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let Settings { prefix, timeout, certificates, target } = Settings::parse(url)?;
+        let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
+        let connection = match target {
+            Target::Cluster(nodes) => {
+                let mut builder = redis::cluster::ClusterClient::builder(nodes).tcp_settings(no_delay()).retries(2);
+                if let Some(certificates) = certificates {
+                    builder = builder.certs(certificates);
+                }
+                let client = builder.build().map_err(invalid)?;
+                // The pending connection takes its timeouts from this config (a
+                // builder's response timeout would be reset to none).
+                let config = ClusterConfig::new().set_connection_timeout(timeout).set_response_timeout(timeout);
+                Connection::Cluster(client.get_pending_async_connection_with_config(config))
             }
-            let client = builder.build().map_err(invalid)?;
-            // The pending connection takes its timeouts from this config (a
-            // builder's response timeout would be reset to none).
-            let config = ClusterConfig::new().set_connection_timeout(timeout).set_response_timeout(timeout);
-            Connection::Cluster(client.get_pending_async_connection_with_config(config))
-        } else {
-            let info = format!("{base}{suffix}").into_connection_info().map_err(invalid)?.set_tcp_settings(no_delay());
-            let client = match certificates {
-                Some(certificates) => redis::Client::build_with_tls(info, certificates).map_err(invalid)?,
-                None => redis::Client::open(info).map_err(invalid)?,
-            };
-            // No response timeout in the client: every call is bounded once,
-            // in `bounded`, and a second timer per call only costs. One try
-            // per connect attempt: while Redis is down, each failed call
-            // starts the next attempt (one at a time, shared by concurrent
-            // calls), so a call fails at once instead of waiting out a
-            // backoff, and the first call after Redis returns connects.
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(None)
-                .set_number_of_retries(0);
-            Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
+            Target::Single(info) => {
+                let info = (*info).set_tcp_settings(no_delay());
+                let client = match certificates {
+                    Some(certificates) => redis::Client::build_with_tls(info, certificates).map_err(invalid)?,
+                    None => redis::Client::open(info).map_err(invalid)?,
+                };
+                // No response timeout in the client: every call is bounded once,
+                // in `bounded`, and a second timer per call only costs. One try
+                // per connect attempt: while Redis is down, each failed call
+                // starts the next attempt (one at a time, shared by concurrent
+                // calls), so a call fails at once instead of waiting out a
+                // backoff, and the first call after Redis returns connects.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(0);
+                Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
+            }
         };
         let store =
             Self { codec: RecordCodec::new("redis record"), connection, scripts: Scripts::new(), prefix, timeout };

@@ -33,20 +33,26 @@ async fn admin(sql: String) {
 /// Drops the schemas of test processes that no longer exist (once per process).
 async fn drop_orphans() {
     static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        return;
+    if !DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        drop_orphaned(r"SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^t_[0-9]+_[0-9a-f]+$'", |name| {
+            format!("DROP SCHEMA IF EXISTS {name} CASCADE")
+        })
+        .await;
     }
+}
+
+/// Runs `drop(name)` for every name `query` lists (`t_<pid>_…`) whose test
+/// process no longer exists: what a test that died left on the shared
+/// server. Best effort: a server that does not answer is left alone.
+pub async fn drop_orphaned(query: &str, drop: impl Fn(&str) -> String) {
     let Ok((client, connection)) = tokio_postgres::connect(&shared_database_url(), NoTls).await else { return };
     tokio::spawn(connection);
-    let Ok(rows) = client.query(r"SELECT nspname FROM pg_namespace WHERE nspname ~ '^t_[0-9]+_[0-9a-f]+$'", &[]).await
-    else {
-        return;
-    };
+    let Ok(rows) = client.query(query, &[]).await else { return };
     for row in rows {
         let name: String = row.get(0);
         let pid = name.split('_').nth(1).and_then(|p| p.parse::<u32>().ok());
         if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
-            let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
+            let _ = client.batch_execute(&drop(&name)).await;
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio_postgres::NoTls;
 
-use super::postgres::{TestSchema, shared_database_url};
+use super::postgres::{TestSchema, drop_orphaned, shared_database_url};
 
 async fn admin(sql: &str) -> Result<(), tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(&shared_database_url(), NoTls).await?;
@@ -31,22 +31,9 @@ fn drop_sql(name: &str) -> String {
 /// Drops the roles of test processes that no longer exist (once per process).
 async fn drop_orphans() {
     static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        return;
-    }
-    let Ok((client, connection)) = tokio_postgres::connect(&shared_database_url(), NoTls).await else { return };
-    tokio::spawn(connection);
-    let Ok(rows) =
-        client.query(r"SELECT rolname::text FROM pg_roles WHERE rolname ~ '^t_[0-9]+_[0-9a-f]+_[a-z]+$'", &[]).await
-    else {
-        return;
-    };
-    for row in rows {
-        let name: String = row.get(0);
-        let pid = name.split('_').nth(1).and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
-            let _ = admin(&drop_sql(&name)).await;
-        }
+    if !DONE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        drop_orphaned(r"SELECT rolname::text FROM pg_roles WHERE rolname ~ '^t_[0-9]+_[0-9a-f]+_[a-z]+$'", drop_sql)
+            .await;
     }
 }
 
