@@ -1,12 +1,14 @@
 //! The enqueue side of the outbox against the real PostgreSQL: the derived
-//! key (SQL and Rust byte for byte, one per outbox) and what `enqueue`
-//! refuses. Each test migrates schemas of its own.
+//! key (SQL and Rust byte for byte, one per outbox) and what `enqueue` and
+//! `enqueue_many` refuse. Each test migrates schemas of its own.
 
 mod support;
 
 use std::time::Duration;
 
-use idemgate::outbox::enqueue::{Message, derived_key, enqueue_in};
+use idemgate::outbox::OutboxError;
+use idemgate::outbox::enqueue::{Message, Refusal, derived_key, enqueue_in};
+use idemgate::outbox::enqueue_many::enqueue_many_in;
 use idemgate::outbox::relay::Relay;
 use serde_json::json;
 use support::outbox::{DESTINATION, Fixture, settings};
@@ -80,6 +82,24 @@ async fn refused_by_sql(schema: &TestSchema, business_key: &str, headers: &str, 
     (db.code().code().to_string(), db.message().to_string())
 }
 
+/// Two messages `idemgate.enqueue_many` refuses, called from SQL as a service would.
+async fn refused_by_sql_many(
+    schema: &TestSchema,
+    business_keys: [&str; 2],
+    headers: [Option<&str>; 2],
+) -> (String, String) {
+    let mut client = schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let sql = schema.sql(
+        "SELECT idemgate.enqueue_many('{sink,sink}', '{notify,notify}', $1, '{\"{}\",\"{}\"}', NULL, $2::text[]::jsonb[])",
+    );
+    let error = tx.query_one(&sql, &[&business_keys.as_slice(), &headers.as_slice()]).await.expect_err("refused");
+    let db = error.as_db_error().expect("a database error");
+    let after = tx.query_one("SELECT 1", &[]).await.expect_err("the transaction is aborted");
+    assert_eq!(after.code(), Some(&tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION));
+    (db.code().code().to_string(), db.message().to_string())
+}
+
 fn headers(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
     pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
 }
@@ -118,6 +138,14 @@ async fn sql_and_rust_refuse_the_same_messages_with_the_same_words() {
         let tx = client.transaction().await.unwrap();
         let error = enqueue_in(&fx.schema.schema, &tx, &message).await.expect_err("refused");
         assert!(matches!(&error, idemgate::outbox::OutboxError::Refused(r) if *r == rust), "{error}");
+        // The set-based forms, with the message second: the same words, after its index.
+        let fine = Message::new(DESTINATION, "notify", "fine", &payload);
+        let row = Refusal::Row { index: 1, refusal: Box::new(rust) };
+        let error = enqueue_many_in(&fx.schema.schema, &tx, &[fine, message]).await.expect_err("refused");
+        assert!(matches!(&error, OutboxError::Refused(r) if *r == row), "{error}");
+        let (sql_code, sql_message) =
+            refused_by_sql_many(&fx.schema, ["fine", business_key], [None, Some(json.as_str())]).await;
+        assert_eq!((sql_code.as_str(), sql_message), (code, row.to_string()));
     }
     assert_eq!(fx.count("true").await, 0, "nothing was enqueued");
     // What only SQL can send: values that are not strings, headers that are not an object.
@@ -173,4 +201,67 @@ async fn refused_messages_leave_the_outbox_and_the_destination_untouched() {
     let kept = fx.enqueue("order:1", json!({}), None).await;
     assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
     assert_eq!((fx.sink.count(), fx.sink.count_for(&kept)), (1, 1));
+}
+
+/// Runs `sql` in a transaction; returns its SQLSTATE and message, having
+/// checked that the transaction is aborted.
+async fn refused_statement(schema: &TestSchema, sql: &str) -> (String, String) {
+    let mut client = schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let error = tx.batch_execute(&schema.sql(sql)).await.expect_err(sql);
+    let after = tx.query_one("SELECT 1", &[]).await.expect_err("the transaction is aborted");
+    assert_eq!(after.code(), Some(&tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION));
+    let db = error.as_db_error().expect("a database error");
+    (db.code().code().to_string(), db.message().to_string())
+}
+
+/// The first refused row of a call is named by its index (counting from 0),
+/// the whole call fails, and so does the service's transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_row_names_its_index_and_fails_the_whole_call_and_transaction() {
+    let fx = Fixture::start().await;
+    let admin = fx.schema.connect().await;
+    idemgate::postgres::migrate::configure(&admin, &fx.schema.schema, 64).await.unwrap();
+    let over = json!({"note": "x".repeat(53)}).to_string();
+    let sql = format!(
+        "SELECT idemgate.enqueue_many('{{sink,sink,sink,sink}}', '{{n,n,n,n}}', '{{a,b,c,\" \"}}',
+                                      ARRAY['{{}}', '{{}}', '{over}', '{{}}']::jsonb[])"
+    );
+    let (code, message) = refused_statement(&fx.schema, &sql).await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("54000", "enqueue_many: row 2 (0-based): payload is 65 bytes, more than max_payload (64 bytes)"),
+        "row 3 is refused too, but row 2 comes first"
+    );
+    let nulls = "SELECT idemgate.enqueue_many('{sink,sink}', ARRAY['n', NULL], '{a,b}', '{\"{}\",\"{}\"}')";
+    let (code, message) = refused_statement(&fx.schema, nulls).await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("22004", "enqueue_many: row 1 (0-based): destination, operation, business_key and payload are required")
+    );
+    let uneven = "SELECT idemgate.enqueue_many('{sink,sink}', '{n}', '{a,b}', '{\"{}\",\"{}\"}')";
+    let (code, message) = refused_statement(&fx.schema, uneven).await;
+    assert_eq!(code, "22023");
+    assert!(message.starts_with("enqueue_many: every array must hold one element per message"), "{message}");
+    assert_eq!(fx.count("true").await, 0, "nothing was enqueued");
+
+    // The helper: the payload is the database's to measure, and the call
+    // fails with the row's index all the same.
+    let payloads = [json!({}), json!({"note": "x".repeat(53)})];
+    let messages = [
+        Message::new(DESTINATION, "notify", "a", &payloads[0]),
+        Message::new(DESTINATION, "notify", "b", &payloads[1]),
+    ];
+    let mut client = fx.schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let error = enqueue_many_in(&fx.schema.schema, &tx, &messages).await.expect_err("refused");
+    assert!(matches!(&error, OutboxError::Refused(Refusal::Row { index: 1, .. })), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "enqueue_many: row 1 (0-based): payload is 65 bytes, more than max_payload (64 bytes)"
+    );
+    let after = tx.query_one("SELECT 1", &[]).await.expect_err("the transaction is aborted");
+    assert_eq!(after.code(), Some(&tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION));
+    drop(tx);
+    assert_eq!(fx.count("true").await, 0);
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
+use idemgate::outbox::enqueue_many::enqueue_many_in;
 use idemgate::outbox::relay::Relay;
 use idemgate::outbox::roles::{Duty, Role, grant, statements};
 use idemgate::postgres::{Endpoint, Schema, migrate};
@@ -51,6 +52,17 @@ async fn enqueue_as(client: &mut tokio_postgres::Client, schema: &Schema, busine
     key
 }
 
+/// [`enqueue_as`], set-based: one call for all `business_keys`.
+async fn enqueue_many_as(client: &mut tokio_postgres::Client, schema: &Schema, business_keys: &[&str]) -> Vec<String> {
+    let tx = client.transaction().await.unwrap();
+    let payload = json!({"set": true});
+    let messages: Vec<Message> =
+        business_keys.iter().map(|bk| Message::new(DESTINATION, "notify", bk, &payload)).collect();
+    let keys = enqueue_many_in(schema, &tx, &messages).await.unwrap_or_else(|e| panic!("enqueue_many: {e}"));
+    tx.commit().await.unwrap();
+    keys
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_role_enqueues_new_duplicate_and_delivered_keys_and_can_touch_no_row() {
     let fx = Fixture::start().await;
@@ -69,6 +81,10 @@ async fn a_service_role_enqueues_new_duplicate_and_delivered_keys_and_can_touch_
     assert_eq!((fx.count("true").await, fx.sink.count_for(&key)), (0, 1));
 
     enqueue_as(&mut client, schema, "order:2").await; // a row to be tempted by
+    assert_eq!(enqueue_many_as(&mut client, schema, &["order:1", "order:3"]).await[0], key, "set-based, too");
+    assert_eq!(fx.count("true").await, 2, "order:2 and order:3 wait");
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 2);
+    enqueue_as(&mut client, schema, "order:4").await; // the row to be tempted by
     let denied = SqlState::INSUFFICIENT_PRIVILEGE;
     for sql in [
         "SELECT count(*) FROM idemgate.outbox",
@@ -86,20 +102,25 @@ async fn a_service_role_enqueues_new_duplicate_and_delivered_keys_and_can_touch_
     ] {
         assert_eq!(refused(&client, &fx.schema.sql(sql)).await, denied, "{sql}");
     }
-    assert_eq!(fx.count("true").await, 1, "order:2 still waits, untouched");
+    assert_eq!(fx.count("true").await, 1, "order:4 still waits, untouched");
     let four = fx.schema.sql("SELECT idemgate.derived_key($1, 'sink', 'notify', 'order:1')");
     let computed: String = client.query_one(&four, &[&fx.schema.name()]).await.expect("derived_key(outbox, …)").get(0);
     assert_eq!(computed, key, "a service computes keys with the four-field form");
 
-    // enqueue runs as its owner, with a search_path no caller can change.
+    // enqueue and enqueue_many run as their owner, with a search_path no caller can change.
     let owner = fx.schema.connect().await;
-    let sql = fx.schema.sql(
-        "SELECT prosecdef, proconfig FROM pg_proc WHERE oid = 'idemgate.enqueue(text,text,text,jsonb,text,jsonb)'::regprocedure",
-    );
-    let row = owner.query_one(&sql, &[]).await.unwrap();
-    let (definer, config): (bool, Vec<String>) = (row.get(0), row.get(1));
-    assert!(definer);
-    assert_eq!(config, ["search_path=pg_catalog, pg_temp"]);
+    for (function, settings) in [
+        ("enqueue(text,text,text,jsonb,text,jsonb)", &["search_path=pg_catalog, pg_temp"][..]),
+        ("enqueue_many(text[],text[],text[],jsonb[],text[],jsonb[])", &["search_path=pg_catalog, pg_temp", "jit=off"]),
+    ] {
+        let sql = fx
+            .schema
+            .sql(&format!("SELECT prosecdef, proconfig FROM pg_proc WHERE oid = 'idemgate.{function}'::regprocedure"));
+        let row = owner.query_one(&sql, &[]).await.unwrap();
+        let (definer, config): (bool, Vec<String>) = (row.get(0), row.get(1));
+        assert!(definer, "{function}");
+        assert_eq!(config, settings, "{function}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +226,12 @@ async fn migrate_grants_from_the_command_line_and_prints_every_statement() {
     let enqueue =
         format!("has_function_privilege($1, '{}.enqueue(text,text,text,jsonb,text,jsonb)', 'EXECUTE')", schema.name());
     let read = format!("has_table_privilege($1, '{}.outbox', 'SELECT')", schema.name());
+    let many = format!(
+        "has_function_privilege($1, '{}.enqueue_many(text[],text[],text[],jsonb[],text[],jsonb[])', 'EXECUTE')",
+        schema.name()
+    );
     assert!(can(&service.name, &enqueue).await && !can(&service.name, &read).await);
+    assert!(can(&service.name, &many).await && !can(&relay.name, &many).await);
     assert!(can(&relay.name, &read).await && !can(&relay.name, &enqueue).await);
 
     let missing = format!("{}_nobody", schema.name());
@@ -249,9 +275,13 @@ async fn an_upgrade_keeps_enqueue_for_roles_that_used_it_and_mends_their_re_enqu
     assert!(error.to_string().contains("permission denied for table outbox"), "{error}");
     drop(tx);
 
-    assert_eq!(migrate::run(&mut owner, &schema.schema).await.unwrap(), [5]);
+    assert_eq!(migrate::run(&mut owner, &schema.schema).await.unwrap(), [5, 6]);
     assert_eq!(enqueue_as(&mut client, &schema.schema, "order:1").await, key, "now a no-op");
     enqueue_as(&mut client, &schema.schema, "order:2").await;
+    assert_eq!(relay.try_execute_batch().await.unwrap().delivered, 1);
+    assert_eq!(fx.sink.count_for(&key), 1);
+    // Migration 6 gives it the set-based form too, as it had enqueue.
+    assert_eq!(enqueue_many_as(&mut client, &schema.schema, &["order:1", "order:3"]).await[0], key);
     assert_eq!(relay.try_execute_batch().await.unwrap().delivered, 1);
     assert_eq!(fx.sink.count_for(&key), 1);
 }

@@ -1,7 +1,7 @@
 """The command line: parses load-tests/run's flags, runs the scenarios asked for, writes the results.
 
 main() is the whole run: tools and build (setup.py), the gateway's
-scenarios (gateway.py), the relay's (outbox.py), then the report
+scenarios (gateway.py), the outbox's (outbox.py, enqueue.py), then the report
 (report.py) to --out and a timestamped copy beside it. It exits non-zero
 only if the run broke or P5 (correctness) failed.
 """
@@ -76,7 +76,7 @@ def main(doc):
     try:
         if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10")):
             correct = gateway_scenarios(runner, stack, procs, nginx, wanted, workdir)
-        if any(wanted(s) for s in ("P7", "P8", "P9", "R1")):
+        if any(wanted(s) for s in ("P7", "P8", "P9", "R1", "E1", "E2", "E3", "E4")):
             outbox_scenarios(runner, procs, workdir, wanted)
     finally:
         procs.stop_all()

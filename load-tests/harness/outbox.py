@@ -1,4 +1,5 @@
-"""The outbox relay's scenarios: P7 throughput, P8 commit-to-delivery latency, P9 claim scaling, R1 isolation.
+"""The outbox's scenarios: P7 throughput, P8 commit-to-delivery latency, P9 claim scaling, R1 isolation, and
+E1-E4 enqueue rows/s (enqueue.py).
 
 They need PostgreSQL at DATABASE_URL and psql; without either their rows
 say *skipped*. Each row, raw measurement and note goes into the Runner
@@ -14,12 +15,13 @@ import time
 
 from . import shared
 from .shared import cpu_seconds, say
+from .enqueue import IDS as ENQUEUE_IDS, enqueue_scenarios
 from .outbox_stack import DATABASE_URL, DESTINATION, SLOW_DESTINATION, Outbox, bench, pct, sink_get, wait_until
 
 
 def outbox_scenarios(runner, procs, workdir, wanted):
     if not shutil.which("psql"):
-        for sid in ("P7", "P8", "P9", "R1"):
+        for sid in ("P7", "P8", "P9", "R1", *ENQUEUE_IDS):
             if wanted(sid):
                 runner.row(sid, "outbox relay", None, note="skipped: psql is not installed")
         return
@@ -27,7 +29,7 @@ def outbox_scenarios(runner, procs, workdir, wanted):
     try:
         ob.psql("SELECT 1", timeout=10)
     except Exception as e:  # noqa: BLE001
-        for sid in ("P7", "P8", "P9", "R1"):
+        for sid in ("P7", "P8", "P9", "R1", *ENQUEUE_IDS):
             if wanted(sid):
                 runner.row(sid, "outbox relay", None, note=f"skipped: no PostgreSQL at DATABASE_URL ({e})")
         return
@@ -41,6 +43,7 @@ def outbox_scenarios(runner, procs, workdir, wanted):
             claim_scaling(runner, ob)
         if wanted("R1"):
             destination_isolation(runner, ob)
+        enqueue_scenarios(runner, ob, wanted)
     finally:
         ob.drop_all()
 

@@ -89,7 +89,8 @@ def report(runner, info, started, loads):
               "delivery. P8: *req/s* is the rate the enqueuer reached, *p50/p99* are commit-to-delivery (the enqueuer's commit returned → sink received). P9: "
               "*p50/p99* are the relay's claim statement with the large table; the reference is the small one. "
               "R1: *p50/p99* are the fast destination's commit-to-delivery beside a destination answering in "
-              "3 s; the reference is the same destination alone.",
+              "3 s; the reference is the same destination alone. E1–E4: *req/s* is rows enqueued per second (median of "
+              "the rounds), the ratio against the row named as reference.",
               "", "## Raw measurements", "",
               "| id | target | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | non-2xx | load "
               "| cpu µs/req: server (redis, upstream) |",
@@ -102,7 +103,7 @@ def report(runner, info, started, loads):
                      f"{fmt_ms(r['max_us'])} | {r['errors']} | {r['status_errors']} | {r['load']:.2f} | "
                      f"{cpu_cell(r)} |")
     if runner.notes:
-        lines += ["", "### Outbox relay (P7–P9, R1)", "", *runner.notes]
+        lines += ["", "### Outbox relay and enqueue (P7–P9, R1, E1–E4)", "", *runner.notes]
     lines += ["", "```json", json.dumps({"machine": info, "raw": runner.raw}, indent=1), "```", ""]
     header = next(i for i, l in enumerate(lines) if l.startswith("| id | scenario"))
     return "\n".join(lines), "\n".join(lines[header:header + 2] + summary)

@@ -113,6 +113,18 @@ pub enum Refusal {
     /// `max_payload` (which only the database measures).
     #[error("{0}")]
     Database(String),
+    /// One message of a set-based enqueue
+    /// ([`enqueue_many`](super::enqueue_many)), at its position in the
+    /// slice (counting from 0), was refused; the whole call was. The message
+    /// is `idemgate.enqueue_many`'s: `enqueue_many: row N (0-based): ` and
+    /// then what `enqueue` would have said.
+    #[error("enqueue_many: row {index} (0-based): {}", .refusal.to_string().trim_start_matches("enqueue: "))]
+    Row {
+        /// The message's index in the slice given (0 is the first).
+        index: usize,
+        /// Why it was refused.
+        refusal: Box<Refusal>,
+    },
 }
 
 fn is_blank(text: &str) -> bool {
@@ -233,17 +245,28 @@ pub async fn enqueue_in(
     Ok(rust)
 }
 
-/// A refusal raised by `idemgate.enqueue` as [`OutboxError::Refused`]; any
+/// A refusal raised by `idemgate.enqueue` or `idemgate.enqueue_many` as
+/// [`OutboxError::Refused`] (a row of the latter as [`Refusal::Row`]); any
 /// other error as it is.
-fn refusal_or_error(error: tokio_postgres::Error) -> OutboxError {
+pub(super) fn refusal_or_error(error: tokio_postgres::Error) -> OutboxError {
     use tokio_postgres::error::SqlState;
     let refused = error.as_db_error().filter(|db| {
         [SqlState::INVALID_PARAMETER_VALUE, SqlState::PROGRAM_LIMIT_EXCEEDED].contains(db.code())
-            && db.message().starts_with("enqueue: ")
+            && (db.message().starts_with("enqueue: ") || db.message().starts_with("enqueue_many: row "))
     });
     match refused {
-        Some(db) => OutboxError::Refused(Refusal::Database(db.message().to_string())),
+        Some(db) => OutboxError::Refused(database_refusal(db.message())),
         None => OutboxError::Postgres(PostgresError::Database(error)),
+    }
+}
+
+/// `message` as the database wrote it; `enqueue_many: row N (0-based): …`
+/// as the [`Refusal::Row`] it names, so its index can be read.
+fn database_refusal(message: &str) -> Refusal {
+    let row = message.strip_prefix("enqueue_many: row ").and_then(|rest| rest.split_once(" (0-based): "));
+    match row.and_then(|(index, why)| Some((index.parse().ok()?, why))) {
+        Some((index, why)) => Refusal::Row { index, refusal: Box::new(Refusal::Database(format!("enqueue: {why}"))) },
+        None => Refusal::Database(message.to_string()),
     }
 }
 
@@ -329,6 +352,18 @@ mod tests {
         assert_eq!(fits.check(), Ok(()));
         let over = message_with_header(&payload, "x-big", &"v".repeat(MAX_HEADER_BYTES - 4));
         assert_eq!(over.check(), Err(Refusal::HeadersTooLarge(MAX_HEADER_BYTES + 1)));
+    }
+
+    #[test]
+    fn a_refused_row_reads_as_the_database_writes_it_and_keeps_its_index() {
+        let row = Refusal::Row { index: 3, refusal: Box::new(Refusal::BlankBusinessKey) };
+        let sql = "enqueue_many: row 3 (0-based): business_key must not be empty or only whitespace";
+        assert_eq!(row.to_string(), sql);
+        let parsed = database_refusal(sql);
+        assert!(matches!(&parsed, Refusal::Row { index: 3, .. }), "{parsed:?}");
+        assert_eq!(parsed.to_string(), sql);
+        let single = "enqueue: payload is 65 bytes, more than max_payload (64 bytes)";
+        assert_eq!(database_refusal(single), Refusal::Database(single.into()));
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   role (not the owner, not a superuser) are granted.
 //! - [`enqueue`] — [`enqueue::derived_key`] (pure) and the Rust helper that
 //!   enqueues inside a caller's `tokio_postgres::Transaction`.
+//! - [`enqueue_many`] — the same for many messages in one call (one
+//!   `INSERT … SELECT` in the database instead of a call per row).
 //! - [`claim`] — every statement the relay runs: claim, renew, complete,
 //!   retry, bury, reap, redrive. Each is one short autocommit statement;
 //!   completion and failure are fenced on `attempts`.
@@ -55,6 +57,7 @@ pub mod census;
 pub mod check;
 pub mod claim;
 pub mod enqueue;
+pub mod enqueue_many;
 pub mod listen;
 pub mod publisher;
 pub mod relay;

@@ -3,8 +3,8 @@
 //! The schema belongs to the role that runs `idemgate migrate` (the
 //! *owner*); nobody else needs to be it, or a superuser:
 //!
-//! - a **service** role enqueues and nothing more. `enqueue` runs with the
-//!   owner's rights (`SECURITY DEFINER`, `search_path` pinned to
+//! - a **service** role enqueues and nothing more. `enqueue` (and
+//!   `enqueue_many`) run with the owner's rights (`SECURITY DEFINER`, `search_path` pinned to
 //!   `pg_catalog, pg_temp`, every name in it schema-qualified), so the
 //!   service needs no privilege on any table: it cannot read, change or
 //!   delete a row, its own or another service's;
@@ -91,6 +91,7 @@ pub enum Duty {
 const SERVICE: &[&str] = &[
     "GRANT USAGE ON SCHEMA {schema} TO {role}",
     "GRANT EXECUTE ON FUNCTION idemgate.enqueue(text, text, text, jsonb, text, jsonb) TO {role}",
+    "GRANT EXECUTE ON FUNCTION idemgate.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[]) TO {role}",
 ];
 
 const RELAY: &[&str] = &[
@@ -151,6 +152,7 @@ mod tests {
             [
                 "GRANT USAGE ON SCHEMA shop_b TO \"shop\"",
                 "GRANT EXECUTE ON FUNCTION shop_b.enqueue(text, text, text, jsonb, text, jsonb) TO \"shop\"",
+                "GRANT EXECUTE ON FUNCTION shop_b.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[]) TO \"shop\"",
             ]
         );
     }

@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 3, name: "gateway_unknown", sql: include_str!("migrations/0003_gateway_unknown.sql") },
     Migration { version: 4, name: "enqueue", sql: include_str!("migrations/0004_enqueue.sql") },
     Migration { version: 5, name: "roles", sql: include_str!("migrations/0005_roles.sql") },
+    Migration { version: 6, name: "enqueue_many", sql: include_str!("migrations/0006_enqueue_many.sql") },
 ];
 
 /// The schema version this binary needs.

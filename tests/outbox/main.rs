@@ -21,6 +21,10 @@
 //! - [`ordering`]: per ordering key, delivery follows commit order — a
 //!   failing head blocks only its own key, and four relays (one crashing)
 //!   keep the order;
+//! - [`set_based`]: `enqueue_many` means row by row what `enqueue` means —
+//!   once per key within and across calls, nothing without the commit, per
+//!   ordering key input order within a call and commit order across
+//!   transactions, also when two race on the same keys;
 //! - [`wake_ups`]: a relay finds new rows without notifications (polling),
 //!   promptly with them (`NOTIFY`), and again after its `LISTEN` session drops;
 //! - [`retention`]: a long-running outbox stays cheap — history is dropped
@@ -35,6 +39,7 @@ mod once_per_key;
 mod ordering;
 mod retention;
 mod retries;
+mod set_based;
 mod wake_ups;
 
 use std::time::Duration;

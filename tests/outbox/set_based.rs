@@ -1,0 +1,178 @@
+//! Set-based enqueue (`idemgate.enqueue_many`, `enqueue_many_in`): row by
+//! row what `enqueue` means — once per derived key within a call and across
+//! calls, nothing without the commit, per ordering key input order within a
+//! call and commit order across transactions (also two transactions racing
+//! on the same keys) — counted at the destination.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use idemgate::outbox::enqueue::{Message, derived_key, enqueue_in};
+use idemgate::outbox::enqueue_many::enqueue_many_in;
+use serde_json::{Value, json};
+
+use crate::LEASE;
+use crate::support::outbox::{DESTINATION, Fixture};
+
+/// A row to enqueue: its business key and its ordering key.
+type Row<'a> = (&'a str, Option<&'a str>);
+
+/// The payload of each row: its business key, its ordering key and `tag`.
+fn payloads(rows: &[Row<'_>], tag: &str) -> Vec<Value> {
+    rows.iter().map(|(bk, key)| json!({"bk": bk, "key": key, "tag": tag})).collect()
+}
+
+fn messages<'a>(rows: &[Row<'a>], payloads: &'a [Value]) -> Vec<Message<'a>> {
+    rows.iter()
+        .zip(payloads)
+        .map(|((bk, key), payload)| {
+            let mut message = Message::new(DESTINATION, "notify", bk, payload);
+            message.ordering_key = *key;
+            message
+        })
+        .collect()
+}
+
+/// Enqueues `rows` in one call, in a transaction of its own, and commits.
+async fn enqueue_committed(fx: &Fixture, rows: &[Row<'_>], tag: &str) -> Vec<String> {
+    let mut client = fx.schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let payloads = payloads(rows, tag);
+    let keys = enqueue_many_in(&fx.schema.schema, &tx, &messages(rows, &payloads)).await.expect("enqueue_many");
+    tx.commit().await.unwrap();
+    keys
+}
+
+/// Per ordering key, the business keys in the order they were first delivered.
+fn delivered_per_key(fx: &Fixture) -> BTreeMap<String, Vec<String>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in fx.sink.received() {
+        if let (true, Some(key)) = (seen.insert(r.key.clone()), r.payload["key"].as_str()) {
+            order.entry(key.to_string()).or_default().push(r.payload["bk"].as_str().unwrap().to_string());
+        }
+    }
+    order
+}
+
+fn strings(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_repeated_within_one_call_or_across_calls_is_enqueued_and_delivered_once() {
+    let fx = Fixture::start().await;
+    let key = |bk: &str| derived_key(&fx.schema.schema, DESTINATION, "notify", bk);
+    let first = enqueue_committed(&fx, &[("x", None), ("y", None), ("x", None)], "first").await;
+    assert_eq!(first, [key("x"), key("y"), key("x")], "every key, in input order, as enqueue derives them");
+    let second = enqueue_committed(&fx, &[("y", None), ("z", None)], "second").await;
+    assert_eq!(second, [key("y"), key("z")]);
+    assert_eq!(fx.count("true").await, 3, "x, y and z: one row each");
+    let client = fx.db.pool.get().await.unwrap();
+    let tags = fx.schema.sql("SELECT business_key, payload->>'tag' FROM idemgate.outbox ORDER BY id");
+    let rows: Vec<(String, String)> =
+        client.query(&tags, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    let expected = [("x", "first"), ("y", "first"), ("z", "second")].map(|(a, b)| (a.to_string(), b.to_string()));
+    assert_eq!(rows, expected, "the first of each key wins, rows in input order");
+
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 3);
+    // Delivered keys stay no-ops, beside a new one in the same call.
+    let third = enqueue_committed(&fx, &[("x", None), ("w", None), ("z", None)], "third").await;
+    assert_eq!(third, [key("x"), key("w"), key("z")]);
+    assert_eq!(fx.count("true").await, 1, "only w waits");
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
+    for bk in ["x", "y", "z", "w"] {
+        assert_eq!(fx.sink.count_for(&key(bk)), 1, "{bk} reached the destination once");
+    }
+    assert_eq!(fx.sink.effects(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_call_enqueues_nothing_and_holds_back_no_later_row() {
+    let fx = Fixture::start().await;
+    let mut client = fx.schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let rows = [("a1", Some("a")), ("free", None), ("a2", Some("a"))];
+    let payloads = payloads(&rows, "rolled back");
+    enqueue_many_in(&fx.schema.schema, &tx, &messages(&rows, &payloads)).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(fx.count("true").await, 0);
+    let owner = fx.db.pool.get().await.unwrap();
+    let sequences = fx.schema.sql("SELECT count(*) FROM idemgate.ordering_keys");
+    assert_eq!(owner.query_one(&sequences, &[]).await.unwrap().get::<_, i64>(0), 0, "no sequence row kept");
+
+    let kept = enqueue_committed(&fx, &[("a1", Some("a")), ("a3", Some("a"))], "kept").await;
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 2);
+    let received: Vec<String> = fx.sink.received().into_iter().map(|r| r.key).collect();
+    assert_eq!(received, kept, "only the committed call, in order");
+}
+
+/// The call's numbers come after every number any of its keys handed out
+/// before: here key `a` is far ahead of key `b` when a call mixes both, and
+/// a later single-row enqueue of `b` must still come after that call's `b`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_ordering_keys_keep_input_order_within_a_call_and_commit_order_across_calls() {
+    let fx = Fixture::start().await;
+    let a_first: Vec<String> = (0..30).map(|i| format!("a{i}")).collect();
+    let rows: Vec<Row> = a_first.iter().map(|bk| (bk.as_str(), Some("a"))).collect();
+    enqueue_committed(&fx, &rows, "1").await;
+    let mixed = [("b0", Some("b")), ("a30", Some("a")), ("free0", None), ("b1", Some("b")), ("a31", Some("a"))];
+    enqueue_committed(&fx, &mixed, "2").await;
+    fx.enqueue("b2", json!({"bk": "b2", "key": "b"}), Some("b")).await;
+    enqueue_committed(&fx, &[("b3", Some("b")), ("free1", None), ("a32", Some("a"))], "3").await;
+
+    fx.drain(&fx.relay(LEASE)).await;
+    let order = delivered_per_key(&fx);
+    let mut a_all = a_first.clone();
+    a_all.extend(strings(&["a30", "a31", "a32"]));
+    assert_eq!(order["a"], a_all);
+    assert_eq!(order["b"], strings(&["b0", "b1", "b2", "b3"]));
+    assert_eq!(fx.sink.count(), 30 + 5 + 1 + 3);
+}
+
+/// Two transactions on the same keys: the second call waits for the first
+/// transaction, whose later call (after the second began) neither deadlocks
+/// with it nor loses its place: per key, delivery is commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_on_shared_keys_wait_for_each_other_without_deadlock_in_commit_order() {
+    let fx = Fixture::start().await;
+    let mut first = fx.schema.connect().await;
+    let tx1 = first.transaction().await.unwrap();
+    let a1 = json!({"bk": "a1", "key": "a"});
+    enqueue_in(&fx.schema.schema, &tx1, &Message::new(DESTINATION, "notify", "a1", &a1).ordered_by("a")).await.unwrap();
+
+    let schema = fx.schema.schema.clone();
+    let mut second = fx.schema.connect().await;
+    let second_pid: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let waiting = tokio::spawn(async move {
+        let tx2 = second.transaction().await.unwrap();
+        // Input order b before a: the locks are still taken a before b.
+        let rows = [("b2", Some("b")), ("a2", Some("a"))];
+        let payloads = payloads(&rows, "second");
+        let keys = enqueue_many_in(&schema, &tx2, &messages(&rows, &payloads)).await;
+        tx2.commit().await.map(|()| keys)
+    });
+    let probe = fx.schema.connect().await;
+    let mut blocked = false;
+    for _ in 0..500 {
+        let sql = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1";
+        let row = probe.query_one(sql, &[&second_pid]).await.unwrap();
+        if row.get::<_, Option<String>>(0).as_deref() == Some("Lock") {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(blocked, "the second call did not wait for the first transaction");
+    // Had the second call locked b first, this would deadlock with it.
+    let b1 = json!({"bk": "b1", "key": "b"});
+    let b1_message = [Message::new(DESTINATION, "notify", "b1", &b1).ordered_by("b")];
+    enqueue_many_in(&fx.schema.schema, &tx1, &b1_message).await.expect("no deadlock");
+    tx1.commit().await.unwrap();
+    waiting.await.unwrap().expect("the second transaction commits").expect("its call succeeds");
+
+    fx.drain(&fx.relay(LEASE)).await;
+    let order = delivered_per_key(&fx);
+    assert_eq!(order["a"], strings(&["a1", "a2"]));
+    assert_eq!(order["b"], strings(&["b1", "b2"]), "b1 committed first, though its call began later");
+}
