@@ -54,6 +54,7 @@
 pub mod census;
 pub mod check;
 pub mod claim;
+pub mod dead;
 pub mod enqueue;
 pub mod listen;
 pub mod publisher;
