@@ -149,6 +149,10 @@ try {
   expect((await page.locator("#dead b").count()) === 0, "no markup from the database rendered");
   expect(text.includes("400"), `the last error to name the refusal (got: ${text})`);
   expect(text.includes("Holds 1 later row"), "the held row shown as held");
+  // The dead rows of one destination: the filter offers every destination listed.
+  await page.selectOption("#dead-destination", "sink");
+  await page.waitForSelector("#dead li");
+  expect((await page.textContent("#dead-range")).includes("of 1"), "sink's one dead row under the filter");
   await shoot("outbox");
   // The README's picture (docs/console.png is a copy): the viewport only, small.
   await page.setViewportSize({ width: 960, height: 620 });

@@ -8,6 +8,21 @@ import { age, clearMessage, confirm, el, fields, fill, row, say, when } from "./
 const PAGE = 20;
 let offset = 0;
 
+/** The destination filter's choices: "all", then every destination listed, the chosen one kept. */
+function offerDestinations(names) {
+  const select = document.getElementById("dead-destination");
+  const chosen = select.value;
+  const all = el("option", "all");
+  all.value = "";
+  const options = names.map((name) => {
+    const option = el("option", name);
+    option.value = name;
+    return option;
+  });
+  fill(select, all, ...options);
+  select.value = names.includes(chosen) ? chosen : "";
+}
+
 export async function showDestinations() {
   const body = document.querySelector("#destinations tbody");
   const note = document.getElementById("destinations-note");
@@ -22,6 +37,7 @@ export async function showDestinations() {
       return tr;
     };
     fill(body, ...data.destinations.map((d) => line(d)), ...data.unroutable.map((d) => line(d, "unroutable")));
+    offerDestinations([...data.destinations, ...data.unroutable].map((d) => d.destination));
     if (data.unroutable_total > data.unroutable.length) {
       note.textContent = `${data.unroutable_total - data.unroutable.length} more unroutable destinations are not listed.`;
       note.hidden = false;
@@ -60,7 +76,9 @@ function deadCard(dead) {
 
 export async function showDead() {
   const list = document.getElementById("dead");
-  const data = await call("GET", `/admin/outbox/dead?limit=${PAGE}&offset=${offset}`, {
+  const destination = document.getElementById("dead-destination").value;
+  const only = destination ? `&destination=${encodeURIComponent(destination)}` : "";
+  const data = await call("GET", `/admin/outbox/dead?limit=${PAGE}&offset=${offset}${only}`, {
     notFound: "This listener has no outbox database configured (relay.database_url).",
   });
   if (data.rows.length === 0 && offset > 0 && data.total > 0) {
@@ -117,6 +135,10 @@ async function redriveAll() {
 
 export function wireOutbox() {
   document.getElementById("redrive-all").addEventListener("click", redriveAll);
+  document.getElementById("dead-destination").addEventListener("change", () => {
+    offset = 0;
+    showDead().catch((error) => say(error.message));
+  });
   document.getElementById("dead-previous").addEventListener("click", () => {
     offset = Math.max(0, offset - PAGE);
     showDead().catch((error) => say(error.message));
