@@ -159,6 +159,15 @@ try {
   await page.screenshot({ path: join(SHOTS, "readme.png") });
   await page.setViewportSize(WIDTHS.desktop);
 
+  // "Redrive all" asks first; cancelled, nothing moves.
+  await page.click("#redrive-all");
+  await page.waitForSelector("#confirm[open]");
+  expect((await page.textContent("#confirm-text")).includes("Every dead row"), "the redrive-all warning");
+  await page.click("#confirm-cancel");
+  await page.click("#refresh");
+  await page.waitForSelector("#dead li");
+  expect((await sink.locator("td").nth(2).textContent()) === "1", "still one dead row after a cancelled redrive-all");
+
   // Redrive, once the destination accepts: delivered, and gone from the list.
   expect((await ask("sink-accept")) === "ok", "the destination to accept now");
   await card.locator("button").click();
