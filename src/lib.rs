@@ -20,8 +20,9 @@
 //!    idempotency guard, the request rewrite, RFC 9457 problems) and
 //!    [`outbox`] (the transactional outbox: enqueue, claims with leases and
 //!    fences, publishers, retry, the relay's lanes).
-//! 5. The admin surface — [`admin`]: health, readiness, metrics, and the
-//!    bearer-protected admin API of the gateway and the standalone relay.
+//! 5. The admin surface — [`admin`]: health, readiness, metrics, the
+//!    bearer-protected admin API of the gateway and the standalone relay,
+//!    and the operators' console built on it (static files, `/admin/ui/`).
 //! 6. Wiring — [`app`]: config in, running processes out, and the one
 //!    config check every command runs; [`demo`], the toy payments API of
 //!    `idemgate demo`; then the binary.

@@ -278,3 +278,50 @@ async fn an_unguarded_request_to_a_dead_upstream_counts_as_an_upstream_error() {
     assert!(metrics.contains(r#"idemgate_requests_total{outcome="upstream-error",route="default"} 1"#), "{metrics}");
     assert!(!metrics.contains(r#"outcome="passthrough""#), "{metrics}");
 }
+
+#[tokio::test]
+async fn the_console_is_served_without_a_token_under_a_strict_policy_and_its_data_needs_one() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    let page = gateway.admin("GET", "/admin/ui/").send().await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.headers["content-type"], "text/html; charset=utf-8");
+    assert_eq!(page.headers["content-security-policy"], idemgate::admin::ui::CSP);
+    assert_eq!(page.headers["x-content-type-options"], "nosniff");
+    assert!(page.text().contains("console.js"));
+    let script = gateway.admin("GET", "/admin/ui/console.js").send().await;
+    assert_eq!(script.status, 200);
+    assert_eq!(script.headers["content-type"], "text/javascript; charset=utf-8");
+    let bare = gateway.admin("GET", "/admin/ui").send().await;
+    assert_eq!(bare.status, 308);
+    assert_eq!(bare.headers["location"], "/admin/ui/");
+    let missing = gateway.admin("GET", "/admin/ui/..%2F..%2FCargo.toml").send().await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.headers["content-security-policy"], idemgate::admin::ui::CSP);
+    assert_eq!(gateway.admin("GET", "/admin/gateway/outcomes").send().await.status, 401, "the data needs the token");
+}
+
+#[tokio::test]
+async fn recent_outcomes_count_every_request_of_the_last_minutes_by_outcome() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    gateway.post("/charge").auth("t").key("k-1").json("{}").send().await;
+    gateway.post("/charge").auth("t").key("k-1").json("{}").send().await;
+    gateway.post("/charge").auth("t").key("k-1").json("{\"x\":1}").send().await;
+    gateway.post("/charge").auth("t").key("k-1").json("{\"x\":1}").send().await;
+    let reply = gateway
+        .admin("GET", "/admin/gateway/outcomes")
+        .header("authorization", &format!("Bearer {TOKEN}"))
+        .send()
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let recent: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    let minutes = recent["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 16);
+    // Summed over the minutes: the requests may straddle a minute's end.
+    let total = |outcome: &str| minutes.iter().filter_map(|m| m["counts"][outcome].as_u64()).sum::<u64>();
+    assert_eq!((total("forwarded"), total("replayed"), total("mismatch")), (1, 1, 2));
+    assert_eq!(total("conflict"), 0);
+    let starts: Vec<u64> = minutes.iter().map(|m| m["start_unix_ms"].as_u64().unwrap()).collect();
+    assert!(starts.windows(2).all(|w| w[1] == w[0] + 60_000), "consecutive minutes, oldest first: {starts:?}");
+}

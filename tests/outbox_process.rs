@@ -218,8 +218,14 @@ async fn a_standalone_relay_serves_probes_metrics_and_dead_rows_on_its_admin_lis
     let delivered = r#"idemgate_outbox_delivery_attempts_total{destination="payments",outcome="delivered"} 2"#;
     assert!(metrics.contains(delivered), "{metrics}");
     assert_eq!(get("/admin/outbox/dead", false).await.unwrap().0, 401);
-    assert_eq!(get("/admin/outbox/dead", true).await.unwrap(), (200, "{\"rows\":[]}".to_string()));
+    let (status, dead) = get("/admin/outbox/dead", true).await.unwrap();
+    let dead: serde_json::Value = serde_json::from_str(&dead).unwrap();
+    assert_eq!((status, &dead["rows"], &dead["total"]), (200, &serde_json::json!([]), &serde_json::json!(0)));
     assert_eq!(get("/admin/keys/k", true).await.unwrap().0, 404, "no gateway routes on a relay");
+    assert_eq!(get("/admin/gateway/outcomes", true).await.unwrap().0, 404, "no gateway routes on a relay");
+    let (status, console) = get("/admin/ui/", false).await.unwrap();
+    assert_eq!(status, 200, "the console is served on a relay too");
+    assert!(console.contains("console.js"), "{console}");
     assert!(relay.terminate().success());
 }
 

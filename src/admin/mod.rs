@@ -7,10 +7,13 @@
 //! | GET | `/metrics` | none | Prometheus text format |
 //! | GET | `/admin/keys/{key}?tenant=…` | bearer | a key's record, metadata only |
 //! | DELETE | `/admin/keys/{key}?tenant=…` | bearer | purge a key's record |
-//! | GET | `/admin/outbox/dead?limit=N` | bearer | dead outbox rows, oldest first |
+//! | GET | `/admin/gateway/outcomes` | bearer | requests per outcome in each of the last minutes |
+//! | GET | `/admin/outbox/destinations?limit=N` | bearer | per destination: ready, leased, dead, held, oldest ready age |
+//! | GET | `/admin/outbox/dead?limit=N&offset=M&destination=D` | bearer | dead outbox rows, oldest first, a page |
 //! | POST | `/admin/outbox/dead/{id}/redrive` | bearer | send one dead row again |
 //! | POST | `/admin/outbox/redrive` | bearer | send every dead row again |
 //! | GET | `/admin/outbox/unroutable?limit=N` | bearer | rows waiting for a destination the config does not have, per destination |
+//! | GET | `/admin/ui/` | none | the operators' console ([`ui`]): static files; every call it makes needs the token |
 //!
 //! It listens on its own address (default loopback) so it can be firewalled
 //! apart from client traffic. `tenant` is the value the configured tenant
@@ -29,6 +32,7 @@ mod query;
 pub mod relay;
 mod router;
 mod surface;
+pub mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,13 +45,14 @@ use tokio::net::TcpListener;
 pub use auth::{AccessDenied, AdminAccess, TokenError};
 pub use router::ROUTES;
 
-use crate::gateway::Gateway;
 use crate::gateway::problem::Problem;
+use crate::gateway::recent::Minute;
+use crate::gateway::{Disposition, Gateway};
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
 use crate::store::Store;
-use router::{KeyRoutes, Route};
+use router::{GatewayRoutes, Route};
 use surface::Surface;
 
 /// What the admin handlers need.
@@ -59,7 +64,7 @@ pub struct Admin<S> {
 impl<S: Store> Admin<S> {
     /// The admin surface of a gateway.
     pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
-        let surface = Surface::new(access, KeyRoutes::Served, gateway.metrics().clone());
+        let surface = Surface::new(access, GatewayRoutes::Served, gateway.metrics().clone());
         Self { gateway, surface }
     }
 
@@ -81,6 +86,7 @@ impl<S: Store> Admin<S> {
             Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
             Ok(Route::Readiness) => self.ready().await,
             Ok(Route::Key { raw_key, purge }) => self.key(&request, raw_key, purge).await,
+            Ok(Route::Outcomes) => json(StatusCode::OK, outcomes(&self.gateway.recent().minutes())),
             Err(problem) => problem.to_response(),
         }
     }
@@ -147,6 +153,24 @@ impl<S: Store> Admin<S> {
             Err(_) => Problem::StoreUnavailable.to_response(),
         }
     }
+}
+
+/// `GET /admin/gateway/outcomes`: per minute, oldest first, the count of
+/// every outcome that happened in it (outcomes with none are left out).
+fn outcomes(minutes: &[Minute]) -> serde_json::Value {
+    let minutes: Vec<serde_json::Value> = minutes
+        .iter()
+        .map(|m| {
+            let counts: serde_json::Map<String, serde_json::Value> = Disposition::ALL
+                .iter()
+                .zip(m.counts)
+                .filter(|(_, count)| *count > 0)
+                .map(|(outcome, count)| (outcome.as_str().to_owned(), count.into()))
+                .collect();
+            serde_json::json!({ "start_unix_ms": m.minute.saturating_mul(60_000), "counts": counts })
+        })
+        .collect();
+    serde_json::json!({ "minute_seconds": 60, "minutes": minutes })
 }
 
 /// A record's metadata; never the stored body or header values.

@@ -1,5 +1,6 @@
-//! Admin routes for the outbox: list dead rows, redrive one or all, list
-//! unroutable rows (waiting for a destination the config does not have).
+//! Admin routes for the outbox: counts per destination, list dead rows (a
+//! page at a time), redrive one or all, list unroutable rows (waiting for a
+//! destination the config does not have).
 //!
 //! They work when the config names the relay's database
 //! (`relay.database_url`), whether or not this process runs the relay; a
@@ -16,6 +17,7 @@ use hyper::body::Incoming;
 use super::{json, query};
 use crate::gateway::problem::Problem;
 use crate::http::body::ResponseBody;
+use crate::outbox::dead::{self, DeadQuery};
 use crate::outbox::{OutboxError, census, claim};
 use crate::postgres::Database;
 
@@ -24,6 +26,9 @@ const DB_TIMEOUT: Duration = Duration::from_secs(5);
 /// Rows listed when `limit` is not given, and the most that may be asked for.
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
+/// The furthest a dead-row page may start: paging past it is a sign the
+/// dead rows want a redrive or a query of their own, not a console.
+const MAX_OFFSET: i64 = 1_000_000;
 
 async fn within_db_timeout<T>(work: impl Future<Output = Result<T, OutboxError>>) -> Result<T, Problem> {
     match tokio::time::timeout(DB_TIMEOUT, work).await {
@@ -48,18 +53,42 @@ fn limit(request: &Request<Incoming>) -> Result<i64, Problem> {
     }
 }
 
-/// `GET /admin/outbox/dead?limit=N`.
+/// The dead-row query: `limit`, `offset` (0 to [`MAX_OFFSET`]) and an optional `destination`.
+fn dead_query(request: &Request<Incoming>) -> Result<DeadQuery, Problem> {
+    let limit = limit(request)?;
+    let query = request.uri().query();
+    let offset = match query::param(query, "offset").map_err(Problem::BadAdminRequest)? {
+        None => 0,
+        Some(text) => match text.parse::<i64>() {
+            Ok(n) if (0..=MAX_OFFSET).contains(&n) => n,
+            _ => return Err(Problem::BadAdminRequest(format!("offset must be a number from 0 to {MAX_OFFSET}"))),
+        },
+    };
+    let destination = query::param(query, "destination").map_err(Problem::BadAdminRequest)?;
+    if destination.as_ref().is_some_and(|d| d.is_empty() || d.chars().count() > 255) {
+        return Err(Problem::BadAdminRequest("destination must be 1 to 255 characters; leave it out for all".into()));
+    }
+    Ok(DeadQuery { destination, offset, limit })
+}
+
+fn unix_ms(time: std::time::SystemTime) -> Option<u64> {
+    time.duration_since(UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+}
+
+/// `GET /admin/outbox/dead?limit=N&offset=M&destination=D`: one page of
+/// dead rows, oldest death first, each with the rows it holds back.
 pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>) -> Response<ResponseBody> {
-    let limit = match limit(request) {
-        Ok(limit) => limit,
+    let query = match dead_query(request) {
+        Ok(query) => query,
         Err(problem) => return problem.to_response(),
     };
     let Some(db) = db else { return Problem::NotFound.to_response() };
-    let rows = match within_db_timeout(claim::list_dead(db, limit)).await {
-        Ok(rows) => rows,
+    let page = match within_db_timeout(dead::page(db, &query)).await {
+        Ok(page) => page,
         Err(problem) => return problem.to_response(),
     };
-    let rows: Vec<serde_json::Value> = rows
+    let rows: Vec<serde_json::Value> = page
+        .rows
         .iter()
         .map(|row| {
             serde_json::json!({
@@ -70,11 +99,69 @@ pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>
                 "business_key": row.business_key,
                 "attempts": row.attempts,
                 "last_error": row.last_error,
-                "dead_at_unix_ms": row.dead_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
+                "created_at_unix_ms": unix_ms(row.created_at),
+                "dead_at_unix_ms": row.dead_at.and_then(unix_ms),
+                "holds": row.holds,
             })
         })
         .collect();
-    json(StatusCode::OK, serde_json::json!({ "rows": rows }))
+    json(StatusCode::OK, serde_json::json!({ "rows": rows, "total": page.total, "offset": query.offset }))
+}
+
+/// `GET /admin/outbox/destinations?limit=N`: every configured destination
+/// with its ready, leased, dead and held rows and its oldest ready row's
+/// age; then up to `limit` unroutable ones (rows waiting for a destination
+/// the config does not have), oldest waiting first. Held rows (waiting
+/// behind a dead row of their ordering key) are among the ready ones.
+pub(super) async fn destinations(
+    db: Option<&Database>,
+    configured: &[String],
+    request: &Request<Incoming>,
+) -> Response<ResponseBody> {
+    let limit = match limit(request) {
+        Ok(limit) => usize::try_from(limit).unwrap_or(0),
+        Err(problem) => return problem.to_response(),
+    };
+    let Some(db) = db.filter(|_| !configured.is_empty()) else { return Problem::NotFound.to_response() };
+    let counted = async { Ok::<_, OutboxError>((census::census(db, configured, limit).await?, dead::held(db).await?)) };
+    let (census, held) = match within_db_timeout(counted).await {
+        Ok(counts) => counts,
+        Err(problem) => return problem.to_response(),
+    };
+    let held_of = |name: &str| held.iter().find(|(d, _)| d == name).map_or(0, |(_, n)| *n);
+    let describe = |b: &census::Backlog| {
+        serde_json::json!({
+            "destination": b.destination,
+            "ready": b.ready,
+            "leased": b.leased,
+            "dead": b.dead,
+            "held": held_of(&b.destination),
+            "oldest_ready_age_seconds": b.oldest_ready_age.as_secs(),
+        })
+    };
+    let empty = |name: &String| census::Backlog {
+        destination: name.clone(),
+        ready: 0,
+        leased: 0,
+        dead: 0,
+        oldest_ready_age: Duration::ZERO,
+    };
+    let listed: Vec<serde_json::Value> = configured
+        .iter()
+        .map(|name| match census.configured.iter().find(|b| &b.destination == name) {
+            Some(backlog) => describe(backlog),
+            None => describe(&empty(name)),
+        })
+        .collect();
+    let unroutable: Vec<serde_json::Value> = census.unroutable.iter().map(describe).collect();
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "destinations": listed,
+            "unroutable": unroutable,
+            "unroutable_total": census.unroutable_destinations,
+        }),
+    )
 }
 
 /// `GET /admin/outbox/unroutable?limit=N`: per destination the config

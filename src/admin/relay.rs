@@ -2,8 +2,9 @@
 //! `admin_listen` like the gateway's): `/healthz`, `/readyz` (the outbox
 //! database answers and the relay has found its schema current),
 //! `/metrics`, and the bearer-protected outbox routes (`/admin/outbox/…`:
-//! list dead rows, redrive, list unroutable rows). The gateway-only routes
-//! (`/admin/keys/…`) answer `404` here. A relay and a gateway on one host
+//! per-destination counts, list dead rows, redrive, list unroutable rows)
+//! and the console (`/admin/ui/`). The gateway-only routes (`/admin/keys/…`,
+//! `/admin/gateway/outcomes`) answer `404` here. A relay and a gateway on one host
 //! need different `admin_listen` addresses (`--admin-listen`).
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use super::router::{KeyRoutes, Route};
+use super::router::{GatewayRoutes, Route};
 use super::surface::Surface;
 use super::{AdminAccess, json, outbox};
 use crate::gateway::problem::Problem;
@@ -37,7 +38,7 @@ impl RelayAdmin {
         readiness: Arc<Readiness>,
         destinations: Vec<String>,
     ) -> Self {
-        let surface = Surface::new(access, KeyRoutes::Absent, metrics)
+        let surface = Surface::new(access, GatewayRoutes::Absent, metrics)
             .with_outbox(Some(db.clone()))
             .with_destinations(destinations);
         Self { db, readiness, surface }
@@ -48,7 +49,7 @@ impl RelayAdmin {
             Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
             Ok(Route::Readiness) => self.ready().await,
             // Routed only where the keys routes are served, which is not here.
-            Ok(Route::Key { .. }) => Problem::NotFound.to_response(),
+            Ok(Route::Key { .. } | Route::Outcomes) => Problem::NotFound.to_response(),
             Err(problem) => problem.to_response(),
         }
     }

@@ -4,8 +4,12 @@
 //! The order is part of the API: an unknown path is `404` and a known path
 //! with another method `405` (with `Allow`) before any token is looked at,
 //! because the request is wrong either way. A listener without the keys
-//! routes ([`KeyRoutes::Absent`], the standalone relay) answers `404` there
+//! routes ([`GatewayRoutes::Absent`], the standalone relay) answers `404` there
 //! as for any unknown path, whatever the method or token.
+//!
+//! The console's static files (`/admin/ui/…`, see [`super::ui`]) route here
+//! too, outside [`ROUTES`] (they are files, not API calls, and carry no
+//! data), and need no token: every call the page then makes does.
 
 use http::{HeaderMap, Method};
 
@@ -13,23 +17,27 @@ use super::{AccessDenied, AdminAccess};
 use crate::gateway::problem::Problem;
 
 /// Every route the gateway's admin listener serves: (method, path template).
-/// The relay's serves the same minus `/admin/keys/{key}`.
+/// The relay's serves the same minus `/admin/keys/{key}` and
+/// `/admin/gateway/outcomes`.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/admin/keys/{key}"),
     ("DELETE", "/admin/keys/{key}"),
+    ("GET", "/admin/gateway/outcomes"),
+    ("GET", "/admin/outbox/destinations"),
     ("GET", "/admin/outbox/dead"),
     ("POST", "/admin/outbox/dead/{id}/redrive"),
     ("POST", "/admin/outbox/redrive"),
     ("GET", "/admin/outbox/unroutable"),
 ];
 
-/// Whether a listener serves `/admin/keys/{key}`.
+/// Whether a listener serves the gateway's own routes
+/// (`/admin/keys/{key}`, `/admin/gateway/outcomes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum KeyRoutes {
-    /// The gateway's listener: it has a store to look in.
+pub(super) enum GatewayRoutes {
+    /// The gateway's listener: it has a store to look in and requests to count.
     Served,
     /// The relay's listener: the paths answer `404`.
     Absent,
@@ -50,6 +58,8 @@ pub(super) enum Route<'a> {
         /// `DELETE`: remove the record.
         purge: bool,
     },
+    /// `GET /admin/gateway/outcomes`: requests per outcome, per minute.
+    Outcomes,
 }
 
 impl Route<'_> {
@@ -58,7 +68,10 @@ impl Route<'_> {
     /// `/admin/…` does, so it must be checked as that does.
     fn is_behind_bearer(&self) -> bool {
         use SharedRoute::*;
-        matches!(self, Route::Key { .. } | Route::Shared(DeadRows | Redrive(_) | UnroutableRows))
+        matches!(
+            self,
+            Route::Key { .. } | Route::Outcomes | Route::Shared(Destinations | DeadRows | Redrive(_) | UnroutableRows)
+        )
     }
 }
 
@@ -69,6 +82,11 @@ pub(super) enum SharedRoute<'a> {
     Liveness,
     /// `GET /metrics`.
     Metrics,
+    /// `GET /admin/ui/…`: a console file, by the name after `/admin/ui/`
+    /// (`""` for the page itself); `None` for `/admin/ui`, which redirects.
+    Console(Option<&'a str>),
+    /// `GET /admin/outbox/destinations`.
+    Destinations,
     /// `GET /admin/outbox/dead`.
     DeadRows,
     /// `POST /admin/outbox/dead/{id}/redrive` with the id as sent, or
@@ -88,7 +106,7 @@ pub(super) enum Miss {
 }
 
 /// The route a method and path name, or why there is none.
-pub(super) fn route<'a>(method: &Method, path: &'a str, keys: KeyRoutes) -> Result<Route<'a>, Miss> {
+pub(super) fn route<'a>(method: &Method, path: &'a str, keys: GatewayRoutes) -> Result<Route<'a>, Miss> {
     use SharedRoute::*;
     let only = |wanted: Method, route: Route<'a>| (*method == wanted).then_some(route);
     let segments: Vec<&'a str> = path.trim_start_matches('/').split('/').collect();
@@ -96,11 +114,17 @@ pub(super) fn route<'a>(method: &Method, path: &'a str, keys: KeyRoutes) -> Resu
         ["healthz"] => ("GET", only(Method::GET, Route::Shared(Liveness))),
         ["readyz"] => ("GET", only(Method::GET, Route::Readiness)),
         ["metrics"] => ("GET", only(Method::GET, Route::Shared(Metrics))),
-        ["admin", "keys", raw_key] if keys == KeyRoutes::Served && !raw_key.is_empty() => {
+        ["admin", "keys", raw_key] if keys == GatewayRoutes::Served && !raw_key.is_empty() => {
             let purge = *method == Method::DELETE;
             ("GET, DELETE", (purge || *method == Method::GET).then_some(Route::Key { raw_key, purge }))
         }
+        ["admin", "gateway", "outcomes"] if keys == GatewayRoutes::Served => {
+            ("GET", only(Method::GET, Route::Outcomes))
+        }
+        ["admin", "outbox", "destinations"] => ("GET", only(Method::GET, Route::Shared(Destinations))),
         ["admin", "outbox", "dead"] => ("GET", only(Method::GET, Route::Shared(DeadRows))),
+        ["admin", "ui"] => ("GET", only(Method::GET, Route::Shared(Console(None)))),
+        ["admin", "ui", file] => ("GET", only(Method::GET, Route::Shared(Console(Some(file))))),
         ["admin", "outbox", "dead", id, "redrive"] if !id.is_empty() => {
             ("POST", only(Method::POST, Route::Shared(Redrive(Some(id)))))
         }
@@ -117,7 +141,7 @@ pub(super) fn admit<'a>(
     method: &Method,
     path: &'a str,
     headers: &HeaderMap,
-    keys: KeyRoutes,
+    keys: GatewayRoutes,
     access: &AdminAccess,
 ) -> Result<Route<'a>, Problem> {
     let route = route(method, path, keys).map_err(|miss| match miss {
@@ -137,10 +161,10 @@ pub(super) fn admit<'a>(
 mod tests {
     use super::*;
     use crate::config::{AdminConfig, Secret};
-    use KeyRoutes::{Absent, Served};
+    use GatewayRoutes::{Absent, Served};
     use SharedRoute::*;
 
-    fn get(path: &str, keys: KeyRoutes) -> Result<Route<'_>, Miss> {
+    fn get(path: &str, keys: GatewayRoutes) -> Result<Route<'_>, Miss> {
         route(&Method::GET, path, keys)
     }
 
@@ -152,7 +176,12 @@ mod tests {
         assert_eq!(get("/metrics", Served), Ok(Route::Shared(Metrics)));
         assert_eq!(get("/admin/keys/a%2Fb", Served), Ok(Route::Key { raw_key: "a%2Fb", purge: false }));
         assert_eq!(route(&Method::DELETE, "/admin/keys/k", Served), Ok(Route::Key { raw_key: "k", purge: true }));
+        assert_eq!(get("/admin/gateway/outcomes", Served), Ok(Route::Outcomes));
+        assert_eq!(get("/admin/outbox/destinations", Served), Ok(Route::Shared(Destinations)));
         assert_eq!(get("/admin/outbox/dead", Served), Ok(Route::Shared(DeadRows)));
+        assert_eq!(get("/admin/ui", Served), Ok(Route::Shared(Console(None))));
+        assert_eq!(get("/admin/ui/", Served), Ok(Route::Shared(Console(Some("")))));
+        assert_eq!(get("/admin/ui/console.js", Absent), Ok(Route::Shared(Console(Some("console.js")))));
         assert_eq!(post("/admin/outbox/dead/7/redrive"), Ok(Route::Shared(Redrive(Some("7")))));
         assert_eq!(post("/admin/outbox/redrive"), Ok(Route::Shared(Redrive(None))));
         assert_eq!(get("/admin/outbox/unroutable", Served), Ok(Route::Shared(UnroutableRows)));
@@ -160,12 +189,21 @@ mod tests {
 
     #[test]
     fn without_the_keys_routes_the_same_paths_route_alike_and_the_keys_paths_are_not_found() {
-        for path in ["/healthz", "/readyz", "/metrics", "/admin/outbox/dead", "/admin/outbox/unroutable"] {
+        for path in [
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/admin/outbox/destinations",
+            "/admin/outbox/dead",
+            "/admin/outbox/unroutable",
+            "/admin/ui/",
+        ] {
             assert_eq!(get(path, Absent), get(path, Served), "{path}");
         }
         assert_eq!(route(&Method::POST, "/admin/outbox/redrive", Absent), Ok(Route::Shared(Redrive(None))));
         for method in [Method::GET, Method::DELETE, Method::PUT] {
             assert_eq!(route(&method, "/admin/keys/k", Absent), Err(Miss::NotFound), "{method}");
+            assert_eq!(route(&method, "/admin/gateway/outcomes", Absent), Err(Miss::NotFound), "{method}");
         }
     }
 
@@ -185,6 +223,8 @@ mod tests {
             "/admin/outbox/dead//redrive",
             "/admin/outbox/dead/7",
             "/HEALTHZ",
+            "/admin/ui/a/b",
+            "/admin/gateway",
         ] {
             assert_eq!(get(path, Served), Err(Miss::NotFound), "{path:?}");
             assert_eq!(route(&Method::POST, path, Served), Err(Miss::NotFound), "{path:?}");
@@ -242,9 +282,11 @@ mod tests {
         let access = token_access();
         let none = HeaderMap::new();
         let admit_get = |path, headers: &HeaderMap| admit(&Method::GET, path, headers, Served, &access);
-        for path in ["/healthz", "/readyz", "/metrics"] {
+        for path in ["/healthz", "/readyz", "/metrics", "/admin/ui", "/admin/ui/", "/admin/ui/console.css"] {
             assert!(admit_get(path, &none).is_ok(), "{path}");
         }
+        assert_eq!(admit_get("/admin/gateway/outcomes", &none), Err(Problem::Unauthorized));
+        assert_eq!(admit_get("/admin/outbox/destinations", &none), Err(Problem::Unauthorized));
         assert_eq!(admit_get("/admin/outbox/dead", &none), Err(Problem::Unauthorized));
         assert_eq!(admit_get("//admin/outbox/dead", &none), Err(Problem::Unauthorized), "routed alike, checked alike");
         assert_eq!(admit_get("/admin/keys/k", &bearer("wrong-token-0123456789")), Err(Problem::Unauthorized));

@@ -1,6 +1,6 @@
 //! What the gateway's and the relay's admin listeners hold and answer
-//! alike: the bearer check ([`router::admit`]), liveness, metrics and the
-//! outbox routes. A listener adds only its own: readiness (what it waits
+//! alike: the bearer check ([`router::admit`]), liveness, metrics, the
+//! console's files and the outbox routes. A listener adds only its own: readiness (what it waits
 //! for) and, on the gateway, the keys routes.
 
 use std::sync::Arc;
@@ -8,8 +8,8 @@ use std::sync::Arc;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 
-use super::router::{self, KeyRoutes, Route, SharedRoute};
-use super::{AdminAccess, json, outbox};
+use super::router::{self, GatewayRoutes, Route, SharedRoute};
+use super::{AdminAccess, json, outbox, ui};
 use crate::gateway::problem::Problem;
 use crate::http::body::{ResponseBody, full};
 use crate::metrics::Metrics;
@@ -18,7 +18,7 @@ use crate::postgres::Database;
 /// The part of an admin listener both kinds share.
 pub(super) struct Surface {
     access: AdminAccess,
-    keys: KeyRoutes,
+    keys: GatewayRoutes,
     metrics: Arc<Metrics>,
     outbox: Option<Database>,
     destinations: Vec<String>,
@@ -26,7 +26,7 @@ pub(super) struct Surface {
 
 impl Surface {
     /// A surface with no outbox database (its routes answer `404`) and no destinations.
-    pub(super) fn new(access: AdminAccess, keys: KeyRoutes, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(access: AdminAccess, keys: GatewayRoutes, metrics: Arc<Metrics>) -> Self {
         Self { access, keys, metrics, outbox: None, destinations: Vec::new() }
     }
 
@@ -63,6 +63,8 @@ impl Surface {
                 response.headers_mut().insert(header::CONTENT_TYPE, text);
                 response
             }
+            SharedRoute::Console(name) => ui::answer(name),
+            SharedRoute::Destinations => outbox::destinations(outbox, &self.destinations, request).await,
             SharedRoute::DeadRows => outbox::list_dead(outbox, request).await,
             SharedRoute::Redrive(id) => outbox::redrive(outbox, id).await,
             SharedRoute::UnroutableRows => outbox::list_unroutable(outbox, &self.destinations, request).await,

@@ -16,6 +16,7 @@
 mod guard;
 pub mod headers;
 pub mod problem;
+pub mod recent;
 pub mod rewrite;
 pub mod routes;
 pub mod server;
@@ -84,6 +85,29 @@ pub enum Disposition {
 }
 
 impl Disposition {
+    /// Every disposition, in declaration order: `ALL[d as usize] == d`.
+    pub const ALL: [Disposition; 19] = [
+        Self::Passthrough,
+        Self::Forwarded,
+        Self::Released,
+        Self::Replayed,
+        Self::Conflict,
+        Self::Mismatch,
+        Self::MissingKey,
+        Self::InvalidKey,
+        Self::AmbiguousTenant,
+        Self::StoreError,
+        Self::FailOpen,
+        Self::UpstreamError,
+        Self::TimedOut,
+        Self::Unknown,
+        Self::Held,
+        Self::NotReplayable,
+        Self::BadBody,
+        Self::BadHead,
+        Self::NoRoute,
+    ];
+
     /// A stable lower-case name for logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -157,6 +181,7 @@ pub struct Gateway<S> {
     fingerprint: FingerprintPolicy,
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
+    recent: recent::Recent,
 }
 
 /// Why a gateway cannot be built from a config.
@@ -221,6 +246,7 @@ impl<S: Store> Gateway<S> {
             },
             tasks: TaskTracker::new(),
             metrics,
+            recent: recent::Recent::new(),
         })
     }
 
@@ -232,6 +258,11 @@ impl<S: Store> Gateway<S> {
     /// The metrics this gateway records.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Requests per outcome over the last minutes (the admin console).
+    pub fn recent(&self) -> &recent::Recent {
+        &self.recent
     }
 
     /// The tenant source (admin API scopes keys the same way).
@@ -390,6 +421,7 @@ impl<S: Store> Gateway<S> {
     ) -> Response<ResponseBody> {
         let route = route.map_or("-", |r| r.name.as_str());
         self.metrics.requests.with_label_values(&[route, outcome.as_str()]).inc();
+        self.recent.record(outcome);
         // Only the scoped hash of a key is ever logged, never the key itself.
         tracing::info!(
             route,

@@ -56,6 +56,7 @@
 pub mod census;
 pub mod check;
 pub mod claim;
+pub mod dead;
 pub mod enqueue;
 pub mod enqueue_many;
 pub mod listen;

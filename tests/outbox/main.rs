@@ -27,6 +27,8 @@
 //!   transactions, also when two race on the same keys;
 //! - [`wake_ups`]: a relay finds new rows without notifications (polling),
 //!   promptly with them (`NOTIFY`), and again after its `LISTEN` session drops;
+//! - [`inspection`]: what an operator sees through the admin API — counts
+//!   per destination, rows held behind a dead head, dead rows paged;
 //! - [`retention`]: a long-running outbox stays cheap — history is dropped
 //!   by whole day partitions, and relay sessions never sort, so a claim reads
 //!   only the rows it takes.
@@ -34,6 +36,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod inspection;
 mod leases_and_fences;
 mod once_per_key;
 mod ordering;
