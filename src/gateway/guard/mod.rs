@@ -75,7 +75,7 @@ pub(super) async fn run<S: Store>(
         Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
     };
     let scoped = ScopedKey::new(&tenant, &key);
-    let hashed = Some(scoped.to_hex()[..16].to_owned());
+    let hashed = Some(scoped.log_id());
     let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);
     let fence = Fence::random();
     let begin =
