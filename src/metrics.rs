@@ -5,6 +5,8 @@
 //! or from a fixed list in the code, never from a request (no key, tenant,
 //! path or status text). One [`Metrics`] per process, shared by reference.
 
+use std::sync::OnceLock;
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -161,6 +163,35 @@ impl Metrics {
 }
 
 impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `N` labelled series of one metric, each looked up by its labels once and
+/// then kept. `with_label_values` hashes its labels and takes the vector's
+/// lock on every call, which the request path would pay several times per
+/// request. A series is still created only when first used, so `/metrics`
+/// shows exactly what it would without the cache.
+#[derive(Debug, Clone)]
+pub struct Series<M, const N: usize> {
+    cells: [OnceLock<M>; N],
+}
+
+impl<M, const N: usize> Series<M, N> {
+    /// No series looked up yet.
+    pub fn new() -> Self {
+        Self { cells: std::array::from_fn(|_| OnceLock::new()) }
+    }
+
+    /// The series in slot `index` (`index < N`, chosen by the caller from a
+    /// fixed list), made by `make` the first time.
+    pub fn get(&self, index: usize, make: impl FnOnce() -> M) -> &M {
+        self.cells[index].get_or_init(make)
+    }
+}
+
+impl<M, const N: usize> Default for Series<M, N> {
     fn default() -> Self {
         Self::new()
     }

@@ -137,7 +137,7 @@ impl<S: Store> Admin<S> {
         if purge {
             return match store.purge(&scoped).await {
                 Ok(true) => {
-                    tracing::info!(key = &scoped.to_hex()[..16], "admin purged a record");
+                    tracing::info!(key = scoped.log_id().as_str(), "admin purged a record");
                     Response::builder()
                         .status(StatusCode::NO_CONTENT)
                         .body(full(Bytes::new()))

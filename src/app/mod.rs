@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use crate::admin::{Admin, AdminAccess};
 use crate::config::{Config, LogFormat};
 use crate::gateway::Gateway;
+use crate::gateway::request_log::{self, LineFormat};
 use crate::gateway::server;
 use crate::http::listener::{ServerLimits, bind};
 use crate::metrics::Metrics;
@@ -165,10 +166,15 @@ pub fn init_logging(config: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
-    let _ = match config.log.format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    let (installed, format) = match config.log.format {
+        LogFormat::Json => (builder.json().try_init(), LineFormat::Json),
+        LogFormat::Text => (builder.try_init(), LineFormat::Text),
     };
+    // Our subscriber, uncoloured, on stderr: the gateway may write its
+    // request lines itself, in the same format (`gateway::request_log`).
+    if installed.is_ok() && !(colour && format == LineFormat::Text) {
+        request_log::install(format);
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

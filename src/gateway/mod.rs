@@ -17,6 +17,7 @@ mod guard;
 pub mod headers;
 pub mod problem;
 pub mod recent;
+pub mod request_log;
 pub mod rewrite;
 pub mod routes;
 pub mod server;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use http::header::HeaderName;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use prometheus::{Histogram, IntCounter};
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
@@ -34,7 +36,7 @@ use crate::http::body::{ResponseBody, boxed};
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::Paced;
 use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, TenantSource};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Series};
 use crate::store::{Store, StoreError};
 use problem::Problem;
 use routes::{Route, RouteTable};
@@ -80,8 +82,39 @@ pub enum Disposition {
     BadBody,
     /// The request target or headers were over the limits (`414`, `431`).
     BadHead,
-    /// No route matched (`404`).
+    /// No route matched (`404`). Keep it last: [`Disposition::COUNT`] counts up to it.
     NoRoute,
+}
+
+/// A store operation of the request path, as the store metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreOp {
+    Begin,
+    Renew,
+    Complete,
+    Release,
+    Get,
+}
+
+impl StoreOp {
+    const COUNT: usize = 5;
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Begin => "begin",
+            Self::Renew => "renew",
+            Self::Complete => "complete",
+            Self::Release => "release",
+            Self::Get => "get",
+        }
+    }
+}
+
+/// The store metrics' series per operation, looked up once each.
+#[derive(Default)]
+struct StoreSeries {
+    latency: Series<Histogram, { StoreOp::COUNT }>,
+    errors: Series<IntCounter, { StoreOp::COUNT }>,
 }
 
 impl Disposition {
@@ -107,6 +140,14 @@ impl Disposition {
         Self::BadHead,
         Self::NoRoute,
     ];
+
+    /// How many dispositions there are.
+    pub const COUNT: usize = Self::NoRoute as usize + 1;
+
+    /// A dense index below [`Disposition::COUNT`] (metric series slots).
+    pub fn index(self) -> usize {
+        self as usize
+    }
 
     /// A stable lower-case name for logs and metric labels.
     pub fn as_str(self) -> &'static str {
@@ -182,6 +223,7 @@ pub struct Gateway<S> {
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
     recent: recent::Recent,
+    store_series: StoreSeries,
 }
 
 /// Why a gateway cannot be built from a config.
@@ -247,6 +289,7 @@ impl<S: Store> Gateway<S> {
             tasks: TaskTracker::new(),
             metrics,
             recent: recent::Recent::new(),
+            store_series: StoreSeries::default(),
         })
     }
 
@@ -381,7 +424,7 @@ impl<S: Store> Gateway<S> {
         let result = tokio::time::timeout(timeout, route.upstream.send(request, timeout))
             .await
             .unwrap_or(Err(crate::http::client::UpstreamError::TimedOut(timeout)));
-        self.metrics.upstream_latency.with_label_values(&[route.name.as_str()]).observe(sent.elapsed().as_secs_f64());
+        route.observe_upstream(&self.metrics, sent.elapsed());
         match result {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
@@ -398,15 +441,17 @@ impl<S: Store> Gateway<S> {
     /// Runs a store operation under the store timeout, and measures it.
     async fn store_call<T>(
         &self,
-        name: &'static str,
+        op: StoreOp,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let result =
             tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout));
-        self.metrics.store_latency.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
+        let series = &self.store_series;
+        let latency = series.latency.get(op as usize, || self.metrics.store_latency.with_label_values(&[op.as_str()]));
+        latency.observe(started.elapsed().as_secs_f64());
         if result.is_err() {
-            self.metrics.store_errors.with_label_values(&[name]).inc();
+            series.errors.get(op as usize, || self.metrics.store_errors.with_label_values(&[op.as_str()])).inc();
         }
         result
     }
@@ -419,18 +464,31 @@ impl<S: Store> Gateway<S> {
         started: Instant,
         response: Response<ResponseBody>,
     ) -> Response<ResponseBody> {
-        let route = route.map_or("-", |r| r.name.as_str());
-        self.metrics.requests.with_label_values(&[route, outcome.as_str()]).inc();
+        match route {
+            Some(route) => route.count_request(&self.metrics, outcome),
+            None => self.metrics.requests.with_label_values(&["-", outcome.as_str()]).inc(),
+        }
         self.recent.record(outcome);
         // Only the scoped hash of a key is ever logged, never the key itself.
-        tracing::info!(
-            route,
-            outcome = outcome.as_str(),
-            status = response.status().as_u16(),
-            key = scoped.as_deref().unwrap_or("-"),
-            latency_us = started.elapsed().as_micros() as u64,
-            "request"
-        );
+        if tracing::enabled!(tracing::Level::INFO) {
+            let line = request_log::Line {
+                route: route.map_or("-", |r| r.name.as_str()),
+                outcome: outcome.as_str(),
+                status: response.status().as_u16(),
+                key: scoped.as_deref().unwrap_or("-"),
+                latency_us: started.elapsed().as_micros() as u64,
+            };
+            if !request_log::write(&line) {
+                tracing::info!(
+                    route = line.route,
+                    outcome = line.outcome,
+                    status = line.status,
+                    key = line.key,
+                    latency_us = line.latency_us,
+                    "request"
+                );
+            }
+        }
         response
     }
 }

@@ -7,9 +7,13 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
 
+use prometheus::{Histogram, IntCounter};
+
+use super::Disposition;
 use crate::config::{OnUnknown, RouteConfig, check_upstream_url};
 use crate::http::client::Upstream;
 use crate::idempotency::StatusPolicy;
+use crate::metrics::{Metrics, Series};
 
 /// A route compiled from its config.
 #[derive(Debug, Clone)]
@@ -34,6 +38,31 @@ pub struct Route {
     pub upstream: Upstream,
     /// Recent upstream latency, for `Retry-After` on `409`.
     pub latency: LatencyEstimate,
+    /// This route's metric series, looked up once each.
+    pub metrics: RouteMetrics,
+}
+
+/// A route's series of the request counter (one per outcome) and of the
+/// upstream latency histogram, so the request path never looks a series up
+/// by its labels.
+#[derive(Debug, Clone, Default)]
+pub struct RouteMetrics {
+    requests: Series<IntCounter, { Disposition::COUNT }>,
+    upstream_latency: Series<Histogram, 1>,
+}
+
+impl Route {
+    /// Counts one request of this route in `idemgate_requests_total`.
+    pub fn count_request(&self, metrics: &Metrics, outcome: Disposition) {
+        let make = || metrics.requests.with_label_values(&[self.name.as_str(), outcome.as_str()]);
+        self.metrics.requests.get(outcome.index(), make).inc();
+    }
+
+    /// Records one upstream call in `idemgate_upstream_duration_seconds`.
+    pub fn observe_upstream(&self, metrics: &Metrics, elapsed: Duration) {
+        let make = || metrics.upstream_latency.with_label_values(&[self.name.as_str()]);
+        self.metrics.upstream_latency.get(0, make).observe(elapsed.as_secs_f64());
+    }
 }
 
 /// A moving average of a route's upstream latency: what a `409` tells a
@@ -128,6 +157,7 @@ impl Route {
             on_unknown: config.on_unknown.unwrap_or(default_on_unknown),
             upstream,
             latency: LatencyEstimate::default(),
+            metrics: RouteMetrics::default(),
         })
     }
 

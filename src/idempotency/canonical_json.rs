@@ -11,67 +11,93 @@
 //! acts on. [`canonicalize`] returns `None` and the raw bytes are hashed.
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
 
 /// Returns the canonical form of `body`, or `None` if it is not JSON that
 /// can be canonicalised safely (invalid, or an object with a repeated key).
+///
+/// One parse: the document is read into a [`Value`] exactly as
+/// `serde_json` reads one, failing on the first repeated key. (It used to
+/// take a checking pass and then a second parse: a third of a replay's
+/// instructions outside hyper and the hashes.)
 pub fn canonicalize(body: &[u8]) -> Option<Vec<u8>> {
-    serde_json::from_slice::<NoRepeatedKeys>(body).ok()?;
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let Canonical(value) = serde_json::from_slice(body).ok()?;
     // `Value`'s map is a BTreeMap (no `preserve_order`): keys come out sorted.
     serde_json::to_vec(&value).ok()
 }
 
-/// Walks a document and fails on the first object with a repeated key.
-struct NoRepeatedKeys;
+/// A document read as `serde_json`'s own `Value` reads it, refusing objects
+/// with a repeated key.
+struct Canonical(Value);
 
-impl<'de> Deserialize<'de> for NoRepeatedKeys {
+/// The key `serde_json` (`arbitrary_precision`) hands a number under,
+/// spelled as in its `number.rs`; its own `Value` reads a map with this one
+/// key as a number, and so does [`Canonical`], so that both agree on every
+/// document.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+impl<'de> Deserialize<'de> for Canonical {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(NoRepeatedKeysVisitor)
+        deserializer.deserialize_any(CanonicalVisitor).map(Canonical)
     }
 }
 
-struct NoRepeatedKeysVisitor;
+struct CanonicalVisitor;
 
-impl<'de> Visitor<'de> for NoRepeatedKeysVisitor {
-    type Value = NoRepeatedKeys;
+impl<'de> Visitor<'de> for CanonicalVisitor {
+    type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut seen = std::collections::HashSet::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let Some(first) = map.next_key::<String>()? else {
+            return Ok(Value::Object(Map::new()));
+        };
+        if first == NUMBER_TOKEN {
+            let digits: String = map.next_value()?;
+            return digits.parse::<Number>().map(Value::Number).map_err(de::Error::custom);
+        }
+        let mut object = Map::new();
+        object.insert(first, map.next_value::<Canonical>()?.0);
         while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key) {
+            let Canonical(value) = map.next_value()?;
+            if object.insert(key, value).is_some() {
                 return Err(de::Error::custom("repeated object key"));
             }
-            map.next_value::<NoRepeatedKeys>()?;
         }
-        Ok(NoRepeatedKeys)
+        Ok(Value::Object(object))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<NoRepeatedKeys>()?.is_some() {}
-        Ok(NoRepeatedKeys)
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Canonical(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(n).map_or(Value::Null, Value::Number))
     }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
     }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(NoRepeatedKeys)
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
     }
 }
 
@@ -108,7 +134,106 @@ mod tests {
         assert_eq!(canon(""), None);
     }
 
+    /// The two-pass form the one pass replaced (a checking walk, then
+    /// `serde_json`'s own `Value`): the oracle it must agree with, since a
+    /// fingerprint stored before the change must match one computed after.
+    fn two_passes(body: &[u8]) -> Option<Vec<u8>> {
+        struct Checked;
+        impl<'de> Deserialize<'de> for Checked {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_any(CheckedVisitor)
+            }
+        }
+        struct CheckedVisitor;
+        impl<'de> Visitor<'de> for CheckedVisitor {
+            type Value = Checked;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !seen.insert(key) {
+                        return Err(de::Error::custom("repeated object key"));
+                    }
+                    map.next_value::<Checked>()?;
+                }
+                Ok(Checked)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+        }
+        serde_json::from_slice::<Checked>(body).ok()?;
+        serde_json::to_vec(&serde_json::from_slice::<Value>(body).ok()?).ok()
+    }
+
+    #[test]
+    fn the_one_pass_agrees_with_the_two_passes_on_edge_cases() {
+        for doc in [
+            r#"{"$serde_json::private::Number":"12"}"#,
+            r#"{"$serde_json::private::Number":"x"}"#,
+            r#"{"$serde_json::private::Number":"1","a":2}"#,
+            r#"{"a":{"$serde_json::private::Number":"1.0e3"}}"#,
+            r#"{"a":1,"b":{"a":1},"c":[{"a":1},{"a":1}]}"#,
+            r#"{"a":1,"b":2,"a":1}"#,
+            r#"["\u00e9\ud83d\ude00", -0, 1E400, 1e-400, null, true]"#,
+            "{} ",
+            " [] x",
+            "\"s\"",
+            "[[[[[[]]]]]]",
+            "1.5e+3",
+        ] {
+            assert_eq!(canonicalize(doc.as_bytes()), two_passes(doc.as_bytes()), "{doc}");
+        }
+    }
+
+    /// JSON-shaped text: documents, near-documents and repeated keys.
+    fn jsonish() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            "-?[0-9]{1,3}(\\.[0-9]{1,3})?([eE][+-]?[0-9]{1,3})?",
+            "\"[a-c\\\\é]{0,3}\"",
+            Just("null".to_string()),
+            Just("true".to_string())
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(" , "))),
+                proptest::collection::vec(("[a-c]", inner), 0..4).prop_map(|entries| {
+                    let fields: Vec<String> = entries.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{ {} }}", fields.join(","))
+                }),
+            ]
+        })
+    }
+
     proptest! {
+        #[test]
+        fn the_one_pass_agrees_with_the_two_passes(doc in jsonish(), cut in 0usize..64) {
+            prop_assert_eq!(canonicalize(doc.as_bytes()), two_passes(doc.as_bytes()));
+            let cut = cut.min(doc.len());
+            prop_assert_eq!(canonicalize(&doc.as_bytes()[..cut]), two_passes(&doc.as_bytes()[..cut]));
+        }
+
         #[test]
         fn canonicalisation_is_idempotent_and_never_panics(raw in proptest::collection::vec(any::<u8>(), 0..200)) {
             if let Some(once) = canonicalize(&raw) {

@@ -41,13 +41,20 @@ pub fn hash_fields(fields: &[&[u8]]) -> [u8; 32] {
 
 /// Lower-case hex of a digest.
 pub fn to_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(DIGITS[usize::from(byte >> 4)] as char);
-        out.push(DIGITS[usize::from(byte & 0x0f)] as char);
-    }
+    push_hex(bytes, &mut out);
     out
+}
+
+/// Appends the lower-case hex of `bytes` to `out` (a store key built in
+/// one string, without a hex string of its own first).
+pub fn push_hex(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.extend(
+        bytes
+            .iter()
+            .flat_map(|byte| [DIGITS[usize::from(byte >> 4)] as char, DIGITS[usize::from(byte & 0x0f)] as char]),
+    );
 }
 
 #[cfg(test)]

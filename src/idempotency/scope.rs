@@ -121,6 +121,12 @@ impl ScopedKey {
     pub fn to_hex(&self) -> String {
         to_hex(&self.0)
     }
+
+    /// The first 16 hex digits of [`ScopedKey::to_hex`]: how logs name the
+    /// record (hex of 8 bytes, not a 64-digit string cut down).
+    pub fn log_id(&self) -> String {
+        to_hex(&self.0[..8])
+    }
 }
 
 impl std::fmt::Debug for ScopedKey {
@@ -143,6 +149,12 @@ mod tests {
             map.append(*name, HeaderValue::from_static(value));
         }
         map
+    }
+
+    #[test]
+    fn the_log_id_is_the_start_of_the_hex() {
+        let scoped = ScopedKey::new(&Tenant::from_bytes("t"), &key("k"));
+        assert_eq!(scoped.log_id(), scoped.to_hex()[..16]);
     }
 
     #[test]

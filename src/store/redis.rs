@@ -32,6 +32,7 @@
 //! CAs instead of the bundled Mozilla roots).
 
 mod readiness;
+mod reply;
 mod scripts;
 
 use std::sync::Arc;
@@ -43,10 +44,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, TlsCertificates, Value};
 
-use super::record_codec::{RecordCodec, StoredFields};
+use super::record_codec::RecordCodec;
 use super::sealing::Sealer;
 use super::{Begin, Store, StoreError, url_options};
 use crate::config::ConfigDuration;
+use crate::idempotency::hash::push_hex;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use scripts::Scripts;
 
@@ -234,17 +236,16 @@ impl RedisStore {
         self
     }
 
-    /// The record in a `{st, fp, fence, resp, remaining}` reply of the scripts.
+    /// The record in a script's reply ([`reply`]).
     fn record(&self, key: &ScopedKey, reply: Value) -> Result<Record, StoreError> {
-        self.codec.decode(key, stored_fields(&self.codec, reply)?)
+        self.codec.decode(key, reply::stored_fields(&self.codec, reply)?)
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
-        let hex = key.to_hex();
-        let mut redis_key = String::with_capacity(self.prefix.len() + hex.len() + 2);
+        let mut redis_key = String::with_capacity(self.prefix.len() + 2 * key.as_bytes().len() + 2);
         redis_key.push_str(&self.prefix);
         redis_key.push('{');
-        redis_key.push_str(&hex);
+        push_hex(key.as_bytes(), &mut redis_key);
         redis_key.push('}');
         redis_key
     }
@@ -295,30 +296,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The raw fields of a `{st, fp, fence, resp, remaining}` reply; the
-/// codec checks them.
-fn stored_fields(codec: &RecordCodec, reply: Value) -> Result<StoredFields, StoreError> {
-    let Value::Array(fields) = reply else {
-        return Err(codec.corrupt("not an array"));
-    };
-    let [st, fp, fence, resp, pttl] = <[Value; 5]>::try_from(fields).map_err(|_| codec.corrupt("wrong field count"))?;
-    let bytes = |v: Value| Vec::<u8>::from_redis_value(v).map_err(|_| codec.corrupt("field is not a string"));
-    let fingerprint = bytes(fp)?;
-    Ok(StoredFields {
-        state: bytes(st)?,
-        fingerprint,
-        fence: Vec::<u8>::from_redis_value(fence)
-            .ok()
-            .and_then(|f| String::from_utf8(f).ok())
-            .and_then(|f| f.parse().ok()),
-        lease_remaining_ms: i64::from_redis_value(pttl).ok(),
-        response: match resp {
-            Value::Nil => None,
-            other => Some(bytes(other)?),
-        },
-    })
-}
-
 impl Store for RedisStore {
     async fn try_begin(
         &self,
@@ -328,7 +305,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         let mut invocation = self.scripts.begin.key(self.redis_key(key));
-        invocation.arg(&fingerprint.0[..]).arg(fence.0).arg(millis(lease));
+        invocation.arg(&fingerprint.0[..]).arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
         match self.run::<Value>(invocation).await? {
             Value::SimpleString(s) if s == "acquired" => Ok(Begin::Acquired { took_over: false }),
             Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
@@ -340,7 +317,7 @@ impl Store for RedisStore {
 
     async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
         let mut invocation = self.scripts.renew.key(self.redis_key(key));
-        invocation.arg(fence.0).arg(millis(lease));
+        invocation.arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
         self.run::<i64>(invocation).await.map(|n| n == 1)
     }
 

@@ -19,7 +19,7 @@ use crate::gateway::headers::{clean_response_head, headers_to_store};
 use crate::gateway::problem::Problem;
 use crate::gateway::rewrite::rewrite;
 use crate::gateway::routes::Route;
-use crate::gateway::{Disposition, Gateway};
+use crate::gateway::{Disposition, Gateway, StoreOp};
 use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
@@ -156,11 +156,7 @@ impl<S: Store> Attempt<S> {
         let result = call.await;
         let elapsed = sent.elapsed();
         self.route.latency.observe(elapsed);
-        self.gateway
-            .metrics
-            .upstream_latency
-            .with_label_values(&[self.route.name.as_str()])
-            .observe(elapsed.as_secs_f64());
+        self.route.observe_upstream(&self.gateway.metrics, elapsed);
         match result {
             Ok(buffered) => Forward::Answered(buffered),
             Err(error) => Forward::Failed { status, error },
@@ -197,7 +193,7 @@ impl<S: Store> Attempt<S> {
     async fn renewing<T>(&self, lease: &mut Lease, work: impl Future<Output = T>) -> T {
         let gateway = &self.gateway;
         let length = gateway.policy.lease;
-        let renew = || gateway.store_call("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
         let observe = |renewal: &Renewal<StoreError>| match renewal {
             Renewal::Renewed => {}
             Renewal::Lost => {
@@ -222,9 +218,9 @@ impl<S: Store> Attempt<S> {
         let gateway = &self.gateway;
         let (length, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
         let (operation, completion) = match settle {
-            Settle::Complete { .. } => ("complete", Some(Completion::from_response(stored.as_ref()))),
-            Settle::Unknown => ("complete", Some(Completion::Unknown)),
-            Settle::Release => ("release", None),
+            Settle::Complete { .. } => (StoreOp::Complete, Some(Completion::from_response(stored.as_ref()))),
+            Settle::Unknown => (StoreOp::Complete, Some(Completion::Unknown)),
+            Settle::Release => (StoreOp::Release, None),
         };
         let try_settle = || async move {
             match completion {
@@ -236,7 +232,7 @@ impl<S: Store> Attempt<S> {
                 None => gateway.store_call(operation, gateway.store.release(&self.scoped, self.fence)).await,
             }
         };
-        let renew = || gateway.store_call("renew", gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
         let failed = |error: &StoreError, tries| {
             if tries == 1 {
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
@@ -245,7 +241,7 @@ impl<S: Store> Attempt<S> {
         match lease.settle(gateway.policy.store_timeout, try_settle, renew, failed).await {
             Ok(true) => {}
             Ok(false) => {
-                gateway.metrics.fence_rejections.with_label_values(&[operation]).inc();
+                gateway.metrics.fence_rejections.with_label_values(&[operation.as_str()]).inc();
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), "fenced out: the record belongs to a newer attempt; not settled");
             }
             Err(Abandoned { error, tries }) => {

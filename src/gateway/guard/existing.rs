@@ -9,10 +9,10 @@ use tokio::time::Instant;
 use super::attempt::{Attempt, Forward, respond};
 use super::{Answer, rules, unguarded_problem};
 use crate::config::{ConcurrentMode, FailMode};
-use crate::gateway::Disposition;
 use crate::gateway::headers::IDEMPOTENT_REPLAYED;
 use crate::gateway::problem::Problem;
 use crate::gateway::rewrite::rewrite;
+use crate::gateway::{Disposition, StoreOp};
 use crate::http::body::{ResponseBody, full};
 use crate::http::client::UpstreamError;
 use crate::http::request_body::BufferedBody;
@@ -45,7 +45,7 @@ impl<S: Store> Attempt<S> {
             }
             tokio::time::sleep(pause).await;
             pause = rules::next_pause(pause);
-            record = match self.gateway.store_call("get", self.gateway.store.get(&self.scoped)).await {
+            record = match self.gateway.store_call(StoreOp::Get, self.gateway.store.get(&self.scoped)).await {
                 Ok(Some(next)) => match next {
                     Record::InFlight { fence, .. } if Some(fence) != awaited => {
                         return in_flight(rules::LAPSED_RETRY_AFTER);

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use super::problem::Problem;
 use super::routes::Route;
-use super::{Disposition, Gateway};
+use super::{Disposition, Gateway, StoreOp};
 use crate::http::body::ResponseBody;
 use crate::http::client::UpstreamError;
 use crate::http::connection::ConnectionInfo;
@@ -75,10 +75,11 @@ pub(super) async fn run<S: Store>(
         Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
     };
     let scoped = ScopedKey::new(&tenant, &key);
-    let hashed = Some(scoped.to_hex()[..16].to_owned());
+    let hashed = Some(scoped.log_id());
     let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);
     let fence = Fence::random();
-    let begin = gateway.store_call("begin", gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
+    let begin =
+        gateway.store_call(StoreOp::Begin, gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
     let begun_at = Instant::now();
     let attempt = Attempt {
         gateway: gateway.clone(),
