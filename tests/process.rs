@@ -307,3 +307,49 @@ async fn readyz(admin: SocketAddr) -> u16 {
         .unwrap();
     client.request(request).await.expect("admin answered").status().as_u16()
 }
+
+/// W3C Trace Context: `traceparent` and `tracestate` reach the upstream
+/// unchanged, and the request's log line carries its trace id (in both log
+/// formats); a request without one logs `-`.
+#[tokio::test]
+async fn a_request_keeps_its_trace_context_upstream_and_its_trace_id_in_the_log() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TRACESTATE: &str = "vendor=opaque,other=1";
+    for format in ["text", "json"] {
+        let upstream = Upstream::start().await;
+        let dir = std::env::temp_dir().join(format!("idemgate-trace-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log_path = dir.join("gateway.log");
+        let mut gateway = GatewayProcess::start_logging_to(
+            &upstream.url(),
+            "memory://",
+            &[("IDEMGATE__LOG__FORMAT", format)],
+            &log_path,
+        );
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let request = http::Request::post(format!("http://{}/charge", gateway.addr))
+            .header("idempotency-key", "k-traced")
+            .header("traceparent", TRACEPARENT)
+            .header("tracestate", TRACESTATE)
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        assert_eq!(client.request(request).await.unwrap().status(), 201);
+        let seen = upstream.last_headers();
+        assert_eq!(seen.get("traceparent").unwrap(), TRACEPARENT, "{format}");
+        assert_eq!(seen.get("tracestate").unwrap(), TRACESTATE, "{format}");
+        charge(gateway.addr, "/charge", "k-untraced").await.expect("answered");
+        let pid = gateway.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let _ = tokio::task::spawn_blocking(move || gateway.child.wait()).await.unwrap();
+        let logs = std::fs::read_to_string(&log_path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let requests: Vec<&str> = logs.lines().filter(|l| l.contains("forwarded")).collect();
+        assert_eq!(requests.len(), 2, "{format}: {logs}");
+        let (traced, untraced) = match format {
+            "text" => ("trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"", "trace_id=\"-\""),
+            _ => ("\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\"", "\"trace_id\":\"-\""),
+        };
+        assert!(requests[0].contains(traced), "{format}: {}", requests[0]);
+        assert!(requests[1].contains(untraced), "{format}: {}", requests[1]);
+    }
+}

@@ -142,7 +142,7 @@ impl Disposition {
     ];
 
     /// How many dispositions there are.
-    pub const COUNT: usize = Self::NoRoute as usize + 1;
+    pub const COUNT: usize = Self::ALL.len();
 
     /// A dense index below [`Disposition::COUNT`] (metric series slots).
     pub fn index(self) -> usize {
@@ -209,6 +209,9 @@ pub struct Policy {
     /// Most request header bytes accepted.
     pub max_header_bytes: u64,
 }
+
+/// W3C Trace Context: read for the request log, forwarded unchanged.
+static TRACEPARENT: http::header::HeaderName = http::header::HeaderName::from_static("traceparent");
 
 /// The longest a start-up probe waits for an upstream connection.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
@@ -348,14 +351,18 @@ impl<S: Store> Gateway<S> {
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
+        // Kept for the log line (32 bytes); the header goes upstream unchanged.
+        let trace = request.headers().get(&TRACEPARENT).and_then(|v| request_log::trace_id(v.as_bytes()));
+        let trace: Option<[u8; 32]> = trace.and_then(|id| id.as_bytes().try_into().ok());
+        let at = (started, trace);
         if let Err(problem) = self.check_head(&request) {
-            return self.log(None, Disposition::BadHead, None, started, problem.to_response());
+            return self.log(None, Disposition::BadHead, None, at, problem.to_response());
         }
         let Some(route) = self.routes.find(request.uri().path()) else {
-            return self.log(None, Disposition::NoRoute, None, started, Problem::NoRoute.to_response());
+            return self.log(None, Disposition::NoRoute, None, at, Problem::NoRoute.to_response());
         };
         let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
-        self.log(Some(route), outcome, scoped, started, response)
+        self.log(Some(route), outcome, scoped, at, response)
     }
 
     /// The gateway's own limits on a request head, below hyper's, so that
@@ -461,7 +468,7 @@ impl<S: Store> Gateway<S> {
         route: Option<&Route>,
         outcome: Disposition,
         scoped: Option<String>,
-        started: Instant,
+        (started, trace): (Instant, Option<[u8; 32]>),
         response: Response<ResponseBody>,
     ) -> Response<ResponseBody> {
         match route {
@@ -476,6 +483,7 @@ impl<S: Store> Gateway<S> {
                 outcome: outcome.as_str(),
                 status: response.status().as_u16(),
                 key: scoped.as_deref().unwrap_or("-"),
+                trace_id: trace.as_ref().and_then(|id| std::str::from_utf8(id).ok()).unwrap_or("-"),
                 latency_us: started.elapsed().as_micros() as u64,
             };
             if !request_log::write(&line) {
@@ -484,6 +492,7 @@ impl<S: Store> Gateway<S> {
                     outcome = line.outcome,
                     status = line.status,
                     key = line.key,
+                    trace_id = line.trace_id,
                     latency_us = line.latency_us,
                     "request"
                 );

@@ -49,8 +49,36 @@ pub struct Line<'a> {
     pub status: u16,
     /// The scoped key's hash prefix, or `-`.
     pub key: &'a str,
+    /// The W3C trace id of the request's `traceparent`, or `-`.
+    pub trace_id: &'a str,
     /// Time from the request's head to its response head.
     pub latency_us: u64,
+}
+
+/// The trace id of a W3C `traceparent` value
+/// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lower case;
+/// an all-zero id or version `ff` is invalid): what the request log shows,
+/// so one trace's lines can be found. The header itself is forwarded
+/// unchanged whatever it holds.
+pub fn trace_id(traceparent: &[u8]) -> Option<&str> {
+    let hex = |b: &[u8]| b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let nonzero = |b: &[u8]| b.iter().any(|&c| c != b'0');
+    // Later versions may append fields after the flags; version 00 may not.
+    let fits = traceparent.len() == 55 || (traceparent.len() > 55 && traceparent[55] == b'-');
+    let (version, id, parent, flags) =
+        (traceparent.get(..2)?, traceparent.get(3..35)?, traceparent.get(36..52)?, traceparent.get(53..55)?);
+    let dashes = [2, 35, 52].iter().all(|&i| traceparent[i] == b'-');
+    let valid = fits
+        && dashes
+        && hex(version)
+        && version != b"ff"
+        && (version != b"00" || traceparent.len() == 55)
+        && hex(id)
+        && nonzero(id)
+        && hex(parent)
+        && nonzero(parent)
+        && hex(flags);
+    valid.then(|| std::str::from_utf8(id).ok()).flatten()
 }
 
 thread_local! {
@@ -99,6 +127,8 @@ fn render(format: LineFormat, line: &Line<'_>, now: SystemTime, cache: (&mut u64
             number(u64::from(line.status), out);
             out.extend_from_slice(b" key=");
             text_string(line.key, out);
+            out.extend_from_slice(b" trace_id=");
+            text_string(line.trace_id, out);
             out.extend_from_slice(b" latency_us=");
             number(line.latency_us, out);
             out.push(b'\n');
@@ -114,6 +144,8 @@ fn render(format: LineFormat, line: &Line<'_>, now: SystemTime, cache: (&mut u64
             number(u64::from(line.status), out);
             out.extend_from_slice(b",\"key\":");
             json_string(line.key, out);
+            out.extend_from_slice(b",\"trace_id\":");
+            json_string(line.trace_id, out);
             out.extend_from_slice(b",\"latency_us\":");
             number(line.latency_us, out);
             out.extend_from_slice(b"},\"target\":\"idemgate::gateway\"}\n");

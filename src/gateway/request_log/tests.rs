@@ -45,6 +45,7 @@ fn through_tracing(format: LineFormat, line: &Line<'_>) -> String {
             outcome = line.outcome,
             status = line.status,
             key = line.key,
+            trace_id = line.trace_id,
             latency_us = line.latency_us,
             "request"
         )
@@ -65,10 +66,31 @@ fn by_hand(format: LineFormat, line: &Line<'_>) -> String {
 #[test]
 fn the_hand_written_line_is_the_line_tracing_writes() {
     let lines = [
-        Line { route: "bench", outcome: "replayed", status: 201, key: "d61cf7016156510e", latency_us: 123_614 },
-        Line { route: "-", outcome: "no-route", status: 404, key: "-", latency_us: 0 },
-        Line { route: "pay/v1 a.b:c_d", outcome: "passthrough", status: 200, key: "-", latency_us: u64::MAX },
-        Line { route: "be\"n\\ch ü\t\u{7}", outcome: "conflict", status: 409, key: "0a5c", latency_us: 7 },
+        Line {
+            route: "bench",
+            outcome: "replayed",
+            status: 201,
+            key: "d61cf7016156510e",
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736",
+            latency_us: 123_614,
+        },
+        Line { route: "-", outcome: "no-route", status: 404, key: "-", trace_id: "-", latency_us: 0 },
+        Line {
+            route: "pay/v1 a.b:c_d",
+            outcome: "passthrough",
+            status: 200,
+            key: "-",
+            trace_id: "-",
+            latency_us: u64::MAX,
+        },
+        Line {
+            route: "be\"n\\ch ü\t\u{7}",
+            outcome: "conflict",
+            status: 409,
+            key: "0a5c",
+            trace_id: "-",
+            latency_us: 7,
+        },
     ];
     for format in [LineFormat::Text, LineFormat::Json] {
         for line in &lines {
@@ -89,11 +111,31 @@ fn timestamps_are_utc_calendar_time() {
 
 #[test]
 fn the_cached_second_is_renewed_when_the_second_changes() {
-    let line = Line { route: "r", outcome: "replayed", status: 201, key: "-", latency_us: 1 };
+    let line = Line { route: "r", outcome: "replayed", status: 201, key: "-", trace_id: "-", latency_us: 1 };
     let (mut second, mut stamp) = (u64::MAX, [0u8; 19]);
     let mut out = Vec::new();
     render(LineFormat::Text, &line, moment(), (&mut second, &mut stamp), &mut out);
     out.clear();
     render(LineFormat::Text, &line, moment() + Duration::from_secs(61), (&mut second, &mut stamp), &mut out);
     assert!(out.starts_with(b"2026-12-01T17:19:31.353807Z  INFO"), "{}", String::from_utf8_lossy(&out));
+}
+
+#[test]
+fn a_trace_id_is_read_only_from_a_valid_traceparent() {
+    let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    assert_eq!(trace_id(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), Some(id));
+    // A later version may add fields; 00 may not.
+    assert_eq!(trace_id(b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"), Some(id));
+    for bad in [
+        &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"[..],
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        b"00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        b"",
+    ] {
+        assert_eq!(trace_id(bad), None, "{}", String::from_utf8_lossy(bad));
+    }
 }
