@@ -144,3 +144,22 @@ database_url = "postgres://relay:hunter2@127.0.0.1:5432/app?sslmode=verify"
     let message = stderr(&output);
     assert!(message.contains("sslmode=\"verify\"") && !message.contains("hunter2"), "{message}");
 }
+
+#[test]
+fn a_sentinel_store_without_wait_replicas_and_a_wait_the_timeouts_leave_no_room_for_are_warned_about() {
+    let unsafe_failover = ConfigFile::new(
+        "store = \"redis+sentinel://:data-pw@127.0.0.1:26379,127.0.0.1:26380/payments?sentinel_password=s-pw\"\n",
+    );
+    let output = check_config(&unsafe_failover);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let warnings = stderr(&output);
+    assert!(warnings.contains("add ?wait_replicas=1"), "{warnings}");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("sentinel_password=[redacted]") && !printed.contains("s-pw"), "{printed}");
+    assert!(!printed.contains("data-pw"), "{printed}");
+
+    let too_long = ConfigFile::new("store = \"redis://127.0.0.1:6379/0?wait_replicas=1&wait_timeout=3s\"\n");
+    let warnings = stderr(&check_config(&too_long));
+    assert!(warnings.contains("wait_timeout = 3s is not shorter than the store timeout"), "{warnings}");
+    assert!(!warnings.contains("add ?wait_replicas=1"), "{warnings}");
+}

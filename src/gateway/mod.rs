@@ -348,8 +348,13 @@ impl<S: Store> Gateway<S> {
         let result =
             tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout));
         self.metrics.store_latency.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
-        if result.is_err() {
-            self.metrics.store_errors.with_label_values(&[name]).inc();
+        match &result {
+            Err(StoreError::Unreplicated { .. }) => {
+                self.metrics.store_errors.with_label_values(&[name]).inc();
+                self.metrics.store_unreplicated.with_label_values(&[name]).inc();
+            }
+            Err(_) => self.metrics.store_errors.with_label_values(&[name]).inc(),
+            Ok(_) => {}
         }
         result
     }

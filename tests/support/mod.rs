@@ -12,6 +12,7 @@ pub mod pgbouncer;
 pub mod postgres;
 pub mod postgres_server;
 pub mod postgres_tls;
+pub mod redis_replicas;
 pub mod redis_server;
 pub mod relay_process;
 pub mod roles;
