@@ -14,29 +14,19 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate::config::ConfigDuration;
-use support::gateway::{Reply, TestGateway, config};
+use support::failover_load::{Figures, keys_through_failovers};
+use support::gateway::{TestGateway, config};
 use support::redis_replicas::Replicated;
 use support::redis_server::unique_prefix;
 use support::upstream::Upstream;
 
-const CHARGE: &str = r#"{"amount": 500, "currency": "eur"}"#;
 const FAILOVERS: usize = 3;
-const CLIENTS: usize = 4;
 
-/// What one run measured.
-#[derive(Debug)]
-struct Figures {
-    keys: usize,
-    second_executions: u64,
-    resends_replayed: usize,
-}
-
-/// Keys stream in from [`CLIENTS`] clients while the primary is killed
-/// [`FAILOVERS`] times, each time after its replica fell behind.
+/// Keys stream in while the primary is killed [`FAILOVERS`] times, each
+/// time after its replica fell behind.
 async fn failovers_under_load(options: &str) -> Figures {
     let mut redis = tokio::task::spawn_blocking(Replicated::start_with_sentinels).await.expect("start redis");
     let upstream = Upstream::start().await;
@@ -46,81 +36,23 @@ async fn failovers_under_load(options: &str) -> Figures {
     // keeps its lease.
     config.gateway.lease = ConfigDuration(Duration::from_secs(10));
     let gateway = Arc::new(TestGateway::start(config).await);
-
-    let done = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicU64::new(0));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|client| {
-            let (gateway, done, answered) = (gateway.clone(), done.clone(), answered.clone());
-            tokio::spawn(async move {
-                let mut keys = Vec::new();
-                while !done.load(Ordering::SeqCst) {
-                    let key = format!("c{client}-k{}", keys.len());
-                    retry_until_2xx(&gateway, &key).await;
-                    answered.fetch_add(1, Ordering::SeqCst);
-                    keys.push(key);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                keys
-            })
-        })
-        .collect();
-
     let mut primary = 0;
-    for _ in 0..FAILOVERS {
+    let fail_over = async |_round| {
         let replica = 1 - primary;
-        // Some traffic first, then a window in which the replica falls
-        // behind while the primary goes on acknowledging.
-        wait_for_answers(&answered, 20).await;
+        // A window in which the replica falls behind while the primary
+        // goes on acknowledging.
         redis.fall_behind(replica);
         tokio::time::sleep(Duration::from_millis(400)).await;
-        redis = tokio::task::spawn_blocking(move || {
+        tokio::task::block_in_place(|| {
             redis.kill(primary);
             redis.catch_up(replica);
             redis.wait_until_sentinels_name(replica);
             redis.restart_as_replica(primary, replica);
             redis.wait_until_sentinels_know_everyone(primary);
-            redis
-        })
-        .await
-        .expect("fail over");
+        });
         primary = replica;
-    }
-    wait_for_answers(&answered, 20).await;
-    done.store(true, Ordering::SeqCst);
-    let mut keys = Vec::new();
-    for client in clients {
-        keys.extend(client.await.expect("a client's task"));
-    }
-
-    let mut resends_replayed = 0;
-    for key in &keys {
-        resends_replayed += usize::from(retry_until_2xx(&gateway, key).await.replayed());
-    }
-    let second_executions = keys.iter().map(|k| upstream.count_for(k).saturating_sub(1)).sum();
-    drop(redis);
-    Figures { keys: keys.len(), second_executions, resends_replayed }
-}
-
-/// The client model: the same request until it gets a 2xx (a key whose
-/// record was lost in flight waits out its lease, `409`, then runs again).
-async fn retry_until_2xx(gateway: &TestGateway, key: &str) -> Reply {
-    for _ in 0..2000 {
-        let reply = gateway.post("/charge").key(key).json(CHARGE).send().await;
-        if (200..300).contains(&reply.status) {
-            return reply;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{key} never got a 2xx");
-}
-
-/// Waits until `more` keys beyond the present count have had their 2xx.
-async fn wait_for_answers(answered: &AtomicU64, more: u64) {
-    let target = answered.load(Ordering::SeqCst) + more;
-    while answered.load(Ordering::SeqCst) < target {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
+    keys_through_failovers(gateway, &upstream, FAILOVERS, fail_over).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
