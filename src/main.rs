@@ -25,7 +25,8 @@ struct Cli {
 const ENVIRONMENT: &str = "Every setting of the config file can also be set in the environment as \
 IDEMGATE__SECTION__FIELD, for example IDEMGATE__GATEWAY__LEASE=10s, IDEMGATE__ADMIN__TOKEN=<16+ characters> \
 or IDEMGATE__STORE=redis://127.0.0.1:6379/0. Flags win over the environment, which wins over the file. \
-Store URLs: memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, postgres://.";
+Store URLs: memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, \
+rediss+sentinel://, postgres://. Every Redis form takes ?wait_replicas=N (see README, Stores).";
 
 #[derive(Subcommand)]
 enum Command {
@@ -133,7 +134,8 @@ struct ServeArgs {
     #[arg(long)]
     upstream: Option<String>,
     /// Store URL: memory:// (default), redis://host:port/db, rediss:// (TLS),
-    /// redis+cluster://h1:p1,h2:p2 (or rediss+cluster://), postgres://user@host/db.
+    /// redis+cluster://h1:p1,h2:p2 (or rediss+cluster://),
+    /// redis+sentinel://s1:p1,s2:p2/SERVICE (or rediss+sentinel://), postgres://user@host/db.
     #[arg(long)]
     store: Option<String>,
     /// Admin listen address [default: 127.0.0.1:9090].

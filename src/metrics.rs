@@ -32,6 +32,10 @@ pub struct Metrics {
     pub fence_rejections: IntCounterVec,
     /// `idemgate_settle_abandoned_total`.
     pub settle_abandoned: IntCounter,
+    /// `idemgate_store_unreplicated_total{operation}`.
+    pub store_unreplicated: IntCounterVec,
+    /// `idemgate_unreplicated_answers_total`.
+    pub unreplicated_answers: IntCounter,
     /// `idemgate_outbox_rows{destination, state}` (ready, leased, dead;
     /// unroutable for a destination the relay does not have, at most 16 of those).
     pub outbox_rows: IntGaugeVec,
@@ -110,6 +114,15 @@ impl Metrics {
             settle_abandoned: counter(
                 "idemgate_settle_abandoned_total",
                 "Attempts that could not complete or release their record before its lease ended (the store stayed down).",
+            ),
+            store_unreplicated: counter_vec(
+                "idemgate_store_unreplicated_total",
+                "Begins and completes that fewer replicas than wait_replicas acknowledged within wait_timeout.",
+                &["operation"],
+            ),
+            unreplicated_answers: counter(
+                "idemgate_unreplicated_answers_total",
+                "Clients answered although the replicas never acknowledged their completed record before its lease would end.",
             ),
             outbox_rows: gauge_vec(
                 "idemgate_outbox_rows",

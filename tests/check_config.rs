@@ -130,3 +130,26 @@ ca_file = "/nonexistent/billing-ca.pem"
     let line = |text: &str| text.lines().find(|l| l.starts_with("idemgate: ")).map(str::to_owned);
     assert_eq!(line(&stderr(&relay)), line(&message), "relay: {}", stderr(&relay));
 }
+
+/// A route, so a store-only config has something to serve.
+const ROUTE: &str = "[[routes]]\nname = \"api\"\nprefix = \"/\"\nupstream = \"http://127.0.0.1:9\"\n";
+
+#[test]
+fn a_sentinel_store_without_wait_replicas_and_a_wait_the_timeouts_leave_no_room_for_are_warned_about() {
+    let unsafe_failover = ConfigFile::new(&format!(
+        "store = \"redis+sentinel://:data-pw@127.0.0.1:26379,127.0.0.1:26380/payments?sentinel_password=s-pw\"\n{ROUTE}"
+    ));
+    let output = check_config(&unsafe_failover);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let warnings = stderr(&output);
+    assert!(warnings.contains("add ?wait_replicas=1"), "{warnings}");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("sentinel_password=[redacted]") && !printed.contains("s-pw"), "{printed}");
+    assert!(!printed.contains("data-pw"), "{printed}");
+
+    let too_long =
+        ConfigFile::new(&format!("store = \"redis://127.0.0.1:6379/0?wait_replicas=1&wait_timeout=3s\"\n{ROUTE}"));
+    let warnings = stderr(&check_config(&too_long));
+    assert!(warnings.contains("wait_timeout = 3s is not shorter than the store timeout"), "{warnings}");
+    assert!(!warnings.contains("add ?wait_replicas=1"), "{warnings}");
+}

@@ -240,8 +240,15 @@ async fn logs_never_contain_credentials_raw_keys_or_bodies() {
 fn help_and_listen_errors_say_what_to_write() {
     let help = idemgate(&["serve", "--help"], &[]);
     let text = String::from_utf8_lossy(&help.stdout);
-    for needle in ["memory://", "redis://", "rediss://", "redis+cluster://", "postgres://", "IDEMGATE__SECTION__FIELD"]
-    {
+    for needle in [
+        "memory://",
+        "redis://",
+        "rediss://",
+        "redis+cluster://",
+        "redis+sentinel://",
+        "postgres://",
+        "IDEMGATE__SECTION__FIELD",
+    ] {
         assert!(text.contains(needle), "{needle} missing from serve --help:\n{text}");
     }
     let refused = idemgate(&["serve", "--listen", "localhost:8080"], &[]);

@@ -2,7 +2,9 @@
 
 P1–P4 throughput (wrk, interleaved with their references), P5 correctness
 (`lt burst` on one key, memory and Redis), P6 latency at a fixed rate
-(`lt rate`), P10 memory at 1,000 connections (`lt hold`, then wrk).
+(`lt rate`), P10 memory at 1,000 connections (`lt hold`, then wrk), and D1,
+the cost of `?wait_replicas=1` (first requests on Redis with a replica,
+N = 1 against N = 0: a measurement, no target).
 gateway_scenarios starts the servers once for all of them and returns
 P5's verdict, the one result that fails a run.
 """
@@ -11,6 +13,7 @@ import argparse
 import json
 import os
 import subprocess
+import time
 
 from . import shared
 from .shared import NONCE, free_port, rss_kib, say
@@ -50,6 +53,8 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
         fixed_rate(runner, stack, bool(nginx))
     if wanted("P10"):
         memory_at_connections(runner, stack, procs)
+    if wanted("D1"):
+        durability_cost(runner, stack, procs, up)
     # Idle, but they hold ports and memory: stopped before the outbox scenarios run.
     procs.stop_all()
     return correct
@@ -92,6 +97,36 @@ def throughput(runner, stack, has_nginx, wanted):
         sub, ref = r["replays, Redis"], r["nginx proxy POST"]
         runner.row("P4", "replays, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.0 × nginx",
                    met_if(sub, ref, 1.0))
+
+
+def durability_cost(runner, stack, procs, up):
+    """D1: first requests on Redis with one replica attached, wait_replicas=1 against 0, interleaved."""
+    if "redis" not in stack.pids:
+        runner.row("D1", "unique keys, Redis + replica, wait_replicas=1 vs 0", None,
+                   note="skipped: needs a private redis-server (and a replica of it)")
+        return
+    primary = stack.redis_url.split("127.0.0.1:")[1].split("/")[0]
+    port = free_port()
+    replica = procs.start("redis-replica", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                            "--appendonly", "no", "--replicaof", "127.0.0.1", primary], port)
+    stack.pids["redis-replica"] = replica.pid
+    for _ in range(100):  # in sync before measuring: until then every begin would be refused
+        info = subprocess.run(["redis-cli", "-p", str(port), "INFO", "replication"], capture_output=True, text=True,
+                              timeout=10).stdout
+        if "master_link_status:up" in info:
+            break
+        time.sleep(0.05)
+    else:
+        raise RuntimeError("the D1 replica did not sync with the primary")
+    gw_wait = stack.start_gateway("gw-redis-wait", f"{stack.redis_url}?wait_replicas=1", up)
+    say("D1 first requests, unique keys, Redis with one replica: wait_replicas=1 against wait_replicas=0")
+    unique = {"LT_METHOD": "POST", "LT_KEYS": "unique"}
+    r = runner.interleaved("D1", [("guarded POST, Redis, N = 0", stack.ports["gw-redis"],
+                                   {**unique, "LT_PREFIX": f"d1a-{NONCE}"}),
+                                  ("guarded POST, Redis, N = 1", gw_wait, {**unique, "LT_PREFIX": f"d1b-{NONCE}"})])
+    sub, ref = r["guarded POST, Redis, N = 1"], r["guarded POST, Redis, N = 0"]
+    runner.row("D1", "unique keys, Redis + replica, wait_replicas=1", sub, ("wait_replicas=0", ref),
+               ratio_of(sub, ref), "measured (no target)", None)
 
 
 def p1(runner, up, px, gw_mem, get, has_nginx):

@@ -68,7 +68,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the admin API, metrics and health checks listen.
     pub admin_listen: SocketAddr,
-    /// The key store: `memory://`, `redis://…`, `rediss://…`, `redis+cluster://…`.
+    /// The key store: `memory://`, `redis://…`, `rediss://…`, `redis+cluster://…`,
+    /// `redis+sentinel://…`.
     pub store: ServiceUrl,
     /// TLS for the gateway listener (clients then speak h2 or HTTP/1.1 over TLS).
     pub tls: TlsConfig,

@@ -41,7 +41,8 @@ fn scheme_of(url: &str) -> String {
 pub enum StoreKind {
     /// `memory://`
     Memory,
-    /// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`
+    /// `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`,
+    /// `redis+sentinel://`, `rediss+sentinel://`
     Redis,
     /// `postgres://`, `postgresql://`
     Postgres,
@@ -52,7 +53,9 @@ impl StoreKind {
     pub fn of(url: &str) -> Option<Self> {
         match scheme_of(url).as_str() {
             "memory" => Some(Self::Memory),
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Some(Self::Redis),
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
+                Some(Self::Redis)
+            }
             "postgres" | "postgresql" => Some(Self::Postgres),
             _ => None,
         }
@@ -83,7 +86,8 @@ impl ServiceUrl {
         StoreKind::of(&self.0)
     }
     /// The URL with any `user:password@` password replaced, and any
-    /// `password=` in its query (libpq lets a database URL carry it there).
+    /// `password=` in its query (libpq lets a database URL carry it there)
+    /// or `sentinel_password=` (the Sentinels' of a `redis+sentinel://` URL).
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return self.0.clone();
@@ -102,13 +106,19 @@ impl ServiceUrl {
     }
 }
 
-/// `path?query` with the value of every `password=` parameter replaced.
+/// `path?query` with the value of every password parameter replaced.
 fn redact_query(tail: &str) -> String {
     let Some((path, query)) = tail.split_once('?') else {
         return tail.to_string();
     };
-    let pairs: Vec<&str> =
-        query.split('&').map(|pair| if pair.starts_with("password=") { "password=[redacted]" } else { pair }).collect();
+    let pairs: Vec<&str> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("password", _)) => "password=[redacted]",
+            Some(("sentinel_password", _)) => "sentinel_password=[redacted]",
+            _ => pair,
+        })
+        .collect();
     format!("{path}?{}", pairs.join("&"))
 }
 

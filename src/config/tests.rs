@@ -133,6 +133,13 @@ fn a_password_in_the_query_is_redacted_too() {
     assert_eq!(url.redacted(), "postgres://app@db/app?sslmode=require&password=[redacted]&x=1");
     let url = crate::config::ServiceUrl::new("postgres://db/app?password=hunter2");
     assert_eq!(url.redacted(), "postgres://db/app?password=[redacted]");
+    let url = crate::config::ServiceUrl::new(
+        "rediss+sentinel://:data@s1:26379,s2:26379/pay/0?sentinel_password=s3&wait_replicas=1",
+    );
+    assert_eq!(
+        url.redacted(),
+        "rediss+sentinel://:[redacted]@s1:26379,s2:26379/pay/0?sentinel_password=[redacted]&wait_replicas=1"
+    );
     assert_eq!(crate::config::ServiceUrl::new("memory://").redacted(), "memory://");
     // A user without a password has nothing to hide.
     let url = crate::config::ServiceUrl::new("postgres://postgres@127.0.0.1:5432/test");

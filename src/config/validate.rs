@@ -17,7 +17,7 @@ impl Config {
         let mut warnings = Vec::new();
         if self.store.store_kind().is_none() {
             return invalid(format!(
-                "store {:?}: the scheme must be memory://, redis://, rediss://, redis+cluster:// or postgres://",
+                "store {:?}: the scheme must be memory://, redis://, rediss://, redis+cluster://, redis+sentinel:// or postgres://",
                 self.store.redacted()
             ));
         }

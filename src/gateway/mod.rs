@@ -457,8 +457,11 @@ impl<S: Store> Gateway<S> {
         let series = &self.store_series;
         let latency = series.latency.get(op as usize, || self.metrics.store_latency.with_label_values(&[op.as_str()]));
         latency.observe(started.elapsed().as_secs_f64());
-        if result.is_err() {
+        if let Err(error) = &result {
             series.errors.get(op as usize, || self.metrics.store_errors.with_label_values(&[op.as_str()])).inc();
+            if matches!(error, StoreError::Unreplicated { .. }) {
+                self.metrics.store_unreplicated.with_label_values(&[op.as_str()]).inc();
+            }
         }
         result
     }

@@ -16,7 +16,7 @@
 //!   gateways with skewed clocks still agree on leases.
 //!
 //! Backends: [`memory::MemoryStore`] (embedded, one process),
-//! [`redis::RedisStore`] (Redis and Redis Cluster) and
+//! [`redis::RedisStore`] (Redis, Redis behind Sentinel, and Redis Cluster) and
 //! [`postgres::PostgresStore`]. [`AnyStore`] picks one from a URL.
 
 pub mod codec;
@@ -65,6 +65,20 @@ pub enum StoreError {
     /// The store URL is not usable.
     #[error("invalid store URL: {0}")]
     InvalidUrl(String),
+    /// The primary made the write, but fewer replicas than `wait_replicas`
+    /// acknowledged it within `wait_timeout`: a failover now may lose it.
+    #[error(
+        "only {acknowledged} of {wanted} replicas acknowledged the write within {timeout:?} (wait_replicas): \
+         check that the replicas are connected and keeping up (INFO replication)"
+    )]
+    Unreplicated {
+        /// Replicas that acknowledged it.
+        acknowledged: i64,
+        /// Replicas asked for.
+        wanted: u32,
+        /// How long the store waited for them.
+        timeout: Duration,
+    },
 }
 
 /// A place to keep records. See the module docs for the contract.
@@ -114,7 +128,7 @@ pub trait Store: Send + Sync + 'static {
 pub enum AnyStore {
     /// `memory://`
     Memory(memory::MemoryStore),
-    /// `redis://`, `rediss://`, `redis+cluster://`
+    /// `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://`
     Redis(Box<redis::RedisStore>),
     /// `postgres://`, `postgresql://`
     Postgres(postgres::PostgresStore),

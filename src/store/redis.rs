@@ -26,14 +26,20 @@
 //! while every slot has a master and every master answers (`readiness`).
 //!
 //! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
-//! `redis+cluster://host1:port1,host2:port2` and `rediss+cluster://…`.
+//! `redis+cluster://host1:port1,host2:port2`, `rediss+cluster://…`, and
+//! `redis+sentinel://s1:p1,s2:p2/SERVICE[/db]` / `rediss+sentinel://…`, a
+//! primary found and followed through Sentinels (`sentinel`).
 //! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
 //! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
-//! CAs instead of the bundled Mozilla roots).
+//! CAs instead of the bundled Mozilla roots), `wait_replicas=N` and
+//! `wait_timeout=D` (`durability`), `sentinel_password=` (`options`).
 
+mod durability;
+mod options;
 mod readiness;
 mod reply;
 mod scripts;
+mod sentinel;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,20 +48,24 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterConfig;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, TlsCertificates, Value};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, Script, Value};
 
 use super::record_codec::RecordCodec;
 use super::sealing::Sealer;
-use super::{Begin, Store, StoreError, url_options};
-use crate::config::ConfigDuration;
+use super::{Begin, Store, StoreError};
 use crate::idempotency::hash::push_hex;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
+use options::{Durability, Options, Topology};
 use scripts::Scripts;
+use sentinel::SentinelConnection;
+
+pub use durability::durability_warnings;
 
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 // One connection type for scripts and plain commands alike.
@@ -64,6 +74,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -76,6 +87,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -83,6 +95,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -94,82 +107,30 @@ impl Connection {
     /// and only then starts the next; sending again waits for that one, so
     /// the first call after Redis returns succeeds instead of reporting the
     /// outage that has just ended. (A cluster connection retries by itself,
-    /// and its refusals may follow a command that did reach a node.)
+    /// and its refusals may follow a command that did reach a node; the
+    /// Sentinel connection sends again itself, to the primary found anew.)
     fn never_sent(&self, error: &redis::RedisError) -> bool {
         matches!(self, Self::Single(_)) && error.is_connection_refusal()
     }
 }
 
-/// What a store URL says, read without connecting: the same reading
-/// serves `open` and the config check (`AnyStore::check_url`).
-struct Settings {
-    prefix: String,
-    timeout: Duration,
-    certificates: Option<TlsCertificates>,
-    target: Target,
-}
-
-/// The server, or the cluster's seed nodes.
-enum Target {
-    Single(Box<redis::ConnectionInfo>),
-    Cluster(Vec<redis::ConnectionInfo>),
-}
-
-impl Settings {
-    fn parse(url: &str) -> Result<Self, StoreError> {
-        let base = url.split_once('?').map_or(url, |(base, _)| base);
-        let mut prefix = "idemgate:".to_string();
-        let mut timeout = Duration::from_secs(2);
-        let mut certificates = None;
-        let mut passthrough = Vec::new();
-        for (name, value) in url_options(url) {
-            match name {
-                "prefix" if !value.contains(['{', '}']) => prefix = value.to_string(),
-                "prefix" => return Err(StoreError::InvalidUrl("prefix must not contain '{' or '}'".into())),
-                "timeout" => timeout = value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0,
-                "ca_file" => {
-                    let pem = std::fs::read(value)
-                        .map_err(|e| StoreError::InvalidUrl(format!("cannot read ca_file {value}: {e}")))?;
-                    certificates = Some(TlsCertificates { client_tls: None, root_cert: Some(pem) });
-                }
-                _ => passthrough.push(format!("{name}={value}")),
-            }
-        }
-        let suffix = if passthrough.is_empty() { String::new() } else { format!("?{}", passthrough.join("&")) };
-        let parse = |url: String| {
-            url.as_str().into_connection_info().map_err(|e| {
-                let shown = crate::config::ServiceUrl::new(&url).redacted();
-                StoreError::InvalidUrl(format!(
-                    "{shown} is not a Redis address ({e}); write it like redis://127.0.0.1:6379/0"
-                ))
-            })
-        };
-        let cluster = base.strip_prefix("redis+cluster://").map(|n| ("redis", n));
-        let cluster = cluster.or_else(|| base.strip_prefix("rediss+cluster://").map(|n| ("rediss", n)));
-        let target = match cluster {
-            Some((scheme, nodes)) => {
-                let (userinfo, hosts) = nodes.rsplit_once('@').unwrap_or(("", nodes));
-                let at = if userinfo.is_empty() { String::new() } else { format!("{userinfo}@") };
-                let nodes = hosts
-                    .trim_end_matches('/')
-                    .split(',')
-                    .filter(|h| !h.is_empty())
-                    .map(|h| parse(format!("{scheme}://{at}{h}{suffix}")))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if nodes.is_empty() {
-                    return Err(StoreError::InvalidUrl("a cluster URL needs at least one host:port".into()));
-                }
-                Target::Cluster(nodes)
-            }
-            None => Target::Single(Box::new(parse(format!("{base}{suffix}"))?)),
-        };
-        Ok(Self { prefix, timeout, certificates, target })
-    }
-}
-
-/// Checks a store URL as [`RedisStore::open`] reads it, without connecting.
+/// Checks a store URL as [`RedisStore::open`] reads it, without
+/// connecting: its options, and each data node's address as the redis
+/// crate will read it.
 pub fn check_url(url: &str) -> Result<(), StoreError> {
-    Settings::parse(url).map(drop)
+    let address = |url: &String| {
+        url.as_str().into_connection_info().map(drop).map_err(|e| {
+            let shown = crate::config::ServiceUrl::new(url).redacted();
+            StoreError::InvalidUrl(format!(
+                "{shown} is not a Redis address ({e}); write it like redis://127.0.0.1:6379/0"
+            ))
+        })
+    };
+    match Options::parse(url)?.topology {
+        Topology::Single(url) => address(&url),
+        Topology::Cluster(urls) => urls.iter().try_for_each(address),
+        Topology::Sentinel(_) => Ok(()),
+    }
 }
 
 /// See the module docs.
@@ -179,6 +140,7 @@ pub struct RedisStore {
     scripts: Scripts,
     prefix: String,
     timeout: Duration,
+    durability: Option<Durability>,
 }
 
 impl RedisStore {
@@ -186,11 +148,11 @@ impl RedisStore {
     /// that cannot work fails at once; a server that does not answer only
     /// logs a warning (see the module docs).
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let Settings { prefix, timeout, certificates, target } = Settings::parse(url)?;
+        let Options { topology, prefix, timeout, certificates, durability } = Options::parse(url)?;
         let invalid = |e: redis::RedisError| StoreError::InvalidUrl(e.to_string());
-        let connection = match target {
-            Target::Cluster(nodes) => {
-                let mut builder = redis::cluster::ClusterClient::builder(nodes).tcp_settings(no_delay()).retries(2);
+        let connection = match topology {
+            Topology::Cluster(urls) => {
+                let mut builder = redis::cluster::ClusterClient::builder(urls).tcp_settings(no_delay()).retries(2);
                 if let Some(certificates) = certificates {
                     builder = builder.certs(certificates);
                 }
@@ -200,8 +162,11 @@ impl RedisStore {
                 let config = ClusterConfig::new().set_connection_timeout(timeout).set_response_timeout(timeout);
                 Connection::Cluster(client.get_pending_async_connection_with_config(config))
             }
-            Target::Single(info) => {
-                let info = (*info).set_tcp_settings(no_delay());
+            Topology::Sentinel(target) => {
+                Connection::Sentinel(SentinelConnection::new(&target, certificates, timeout).map_err(invalid)?)
+            }
+            Topology::Single(url) => {
+                let info = url.into_connection_info().map_err(invalid)?.set_tcp_settings(no_delay());
                 let client = match certificates {
                     Some(certificates) => redis::Client::build_with_tls(info, certificates).map_err(invalid)?,
                     None => redis::Client::open(info).map_err(invalid)?,
@@ -219,15 +184,34 @@ impl RedisStore {
                 Connection::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?)
             }
         };
-        let store =
-            Self { codec: RecordCodec::new("redis record"), connection, scripts: Scripts::new(), prefix, timeout };
+        let codec = RecordCodec::new("redis record");
+        let store = Self { codec, connection, scripts: Scripts::new(), prefix, timeout, durability };
         // One attempt now, so an outage at start is logged where it is seen;
         // a failed attempt also starts the connection's own reconnect.
         if let Err(e) = store.ping().await {
             let url = crate::config::ServiceUrl::new(url).redacted();
             tracing::warn!(store = %url, error = %e, "redis store not ready at start; trying again with each operation");
+        } else if let Some(durability) = store.durability {
+            store.warn_if_too_few_replicas(durability, url).await;
         }
         Ok(store)
+    }
+
+    /// Logs, at start, a `wait_replicas` the primary cannot meet now (a
+    /// Cluster's masters are not asked: each has replicas of its own).
+    async fn warn_if_too_few_replicas(&self, durability: Durability, url: &str) {
+        if let Connection::Cluster(_) = self.connection {
+            return;
+        }
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let Ok(info) = self.command::<String>(info).await else { return };
+        let connected = info.lines().find_map(|l| l.strip_prefix("connected_slaves:")?.trim().parse::<u32>().ok());
+        if let Some(connected) = connected.filter(|n| *n < durability.replicas) {
+            let url = crate::config::ServiceUrl::new(url).redacted();
+            tracing::warn!(store = %url, connected, wait_replicas = durability.replicas,
+                "the Redis primary has fewer replicas connected than wait_replicas asks: every new key is refused (503) until they connect");
+        }
     }
 
     /// Seals stored responses with these keys from now on.
@@ -250,15 +234,50 @@ impl RedisStore {
         redis_key
     }
 
-    async fn run<T: FromRedisValue>(&self, invocation: redis::ScriptInvocation<'_>) -> Result<T, StoreError> {
+    /// `EVALSHA` of `script` on `key`; callers add the arguments.
+    fn evalsha(&self, script: &Script, key: &ScopedKey) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(self.redis_key(key));
+        cmd
+    }
+
+    /// Runs a script call made by [`Self::evalsha`], loading the script on
+    /// a node that does not have it yet.
+    async fn run<T: FromRedisValue>(&self, script: &Script, cmd: Cmd) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
         self.within_timeout(async {
-            match invocation.invoke_async(&mut connection).await {
-                Err(e) if connection.never_sent(&e) => invocation.invoke_async(&mut connection).await,
-                result => result,
+            let mut loaded = false;
+            loop {
+                let result = match cmd.query_async(&mut connection).await {
+                    Err(e) if connection.never_sent(&e) => cmd.query_async(&mut connection).await,
+                    result => result,
+                };
+                match result {
+                    Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        script.load_async(&mut connection).await?;
+                        loaded = true;
+                    }
+                    result => return result,
+                }
             }
         })
         .await
+    }
+
+    /// A write script call, then `WAIT` when the URL asks for replicas
+    /// (`durability`): the reply, and whether enough replicas acknowledged.
+    async fn run_write(&self, script: &Script, cmd: Cmd) -> Result<(Value, Replicated), StoreError> {
+        let Some(wanted) = self.durability else {
+            return self.run::<Value>(script, cmd).await.map(|reply| (reply, Replicated::NotAsked));
+        };
+        let mut connection = self.connection.clone();
+        let (reply, acknowledged) =
+            self.within_timeout(durability::write_then_wait(&mut connection, script, &cmd, wanted)).await?;
+        let replicated = match acknowledged >= i64::from(wanted.replicas) {
+            true => Replicated::Yes,
+            false => Replicated::Short(durability::unreplicated(acknowledged, wanted)),
+        };
+        Ok((reply, replicated))
     }
 
     async fn command<T: FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
@@ -284,6 +303,16 @@ impl RedisStore {
     }
 }
 
+/// Whether a write reached the replicas the URL asks for.
+enum Replicated {
+    /// No `wait_replicas`: the primary's word is enough.
+    NotAsked,
+    /// As many as asked acknowledged it.
+    Yes,
+    /// Fewer did, in `wait_timeout`: this error says how many.
+    Short(StoreError),
+}
+
 /// `TCP_NODELAY` on every Redis socket (the redis crate leaves Nagle on).
 /// All requests share one multiplexed connection, so with Nagle a script
 /// sent while another one's reply is outstanding waits for a delayed ACK:
@@ -304,23 +333,38 @@ impl Store for RedisStore {
         fence: Fence,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
-        let mut invocation = self.scripts.begin.key(self.redis_key(key));
-        invocation.arg(&fingerprint.0[..]).arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
-        match self.run::<Value>(invocation).await? {
-            Value::SimpleString(s) if s == "acquired" => Ok(Begin::Acquired { took_over: false }),
-            Value::BulkString(s) if s == b"acquired" => Ok(Begin::Acquired { took_over: false }),
-            Value::SimpleString(s) if s == "taken_over" => Ok(Begin::Acquired { took_over: true }),
-            Value::BulkString(s) if s == b"taken_over" => Ok(Begin::Acquired { took_over: true }),
-            other => self.record(key, other).map(Begin::Existing),
+        let mut cmd = self.evalsha(&self.scripts.begin, key);
+        cmd.arg(&fingerprint.0[..]).arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
+        let (reply, replicated) = self.run_write(&self.scripts.begin, cmd).await?;
+        let took_over = match &reply {
+            Value::SimpleString(s) if s == "acquired" => false,
+            Value::BulkString(s) if s == b"acquired" => false,
+            Value::SimpleString(s) if s == "taken_over" => true,
+            Value::BulkString(s) if s == b"taken_over" => true,
+            // Only read: nothing of this call's to wait for.
+            _ => return self.record(key, reply).map(Begin::Existing),
+        };
+        if let Replicated::Short(error) = replicated {
+            // Not forwarded, so nothing may hold the key: a failover now
+            // could lose this record, and the request must not run with a
+            // record that may vanish under it.
+            if let Err(e) = self.release(key, fence).await {
+                tracing::warn!(error = %e, "cannot release a begin the replicas did not acknowledge; it lapses with its lease");
+            }
+            return Err(error);
         }
+        Ok(Begin::Acquired { took_over })
     }
 
     async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
-        let mut invocation = self.scripts.renew.key(self.redis_key(key));
-        invocation.arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
-        self.run::<i64>(invocation).await.map(|n| n == 1)
+        let mut cmd = self.evalsha(&self.scripts.renew, key);
+        cmd.arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
+        self.run::<i64>(&self.scripts.renew, cmd).await.map(|n| n == 1)
     }
 
+    /// With `wait_replicas`, a complete the same attempt already made
+    /// (its `WAIT` fell short, and the gateway tries again) only waits for
+    /// the replicas again, and reports `true` once they hold it.
     async fn complete(
         &self,
         key: &ScopedKey,
@@ -329,22 +373,28 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let written = self.codec.encode(key, completion)?;
-        let mut invocation = self.scripts.complete.key(self.redis_key(key));
-        invocation.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]);
+        let mut cmd = self.evalsha(&self.scripts.complete, key);
+        cmd.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]);
         if let Some(response) = written.response {
-            invocation.arg(response);
+            cmd.arg(response);
         }
-        self.run::<i64>(invocation).await.map(|n| n == 1)
+        let (reply, replicated) = self.run_write(&self.scripts.complete, cmd).await?;
+        let outcome = i64::from_redis_value(reply).map_err(|_| self.codec.corrupt("complete answered otherwise"))?;
+        match (outcome, replicated) {
+            (0, _) | (2, Replicated::NotAsked) => Ok(false),
+            (_, Replicated::Short(error)) => Err(error),
+            _ => Ok(true),
+        }
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
-        let mut invocation = self.scripts.release.key(self.redis_key(key));
-        invocation.arg(fence.0);
-        self.run::<i64>(invocation).await.map(|n| n == 1)
+        let mut cmd = self.evalsha(&self.scripts.release, key);
+        cmd.arg(fence.0);
+        self.run::<i64>(&self.scripts.release, cmd).await.map(|n| n == 1)
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        match self.run::<Value>(self.scripts.get.key(self.redis_key(key))).await? {
+        match self.run::<Value>(&self.scripts.get, self.evalsha(&self.scripts.get, key)).await? {
             Value::Nil => Ok(None),
             other => self.record(key, other).map(Some),
         }
@@ -358,7 +408,9 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         match &self.connection {
-            Connection::Single(_) => self.command::<String>(redis::cmd("PING")).await.map(drop),
+            Connection::Single(_) | Connection::Sentinel(_) => {
+                self.command::<String>(redis::cmd("PING")).await.map(drop)
+            }
             // Not the crate's own PING to all masters: it answers with one dead.
             Connection::Cluster(cluster) => {
                 self.within_timeout(readiness::every_master_answers(&mut cluster.clone())).await

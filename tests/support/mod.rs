@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod config_file;
+pub mod failover_load;
 pub mod gateway;
 pub mod http_server;
 pub mod outbox;
@@ -12,6 +13,8 @@ pub mod pgbouncer;
 pub mod postgres;
 pub mod postgres_server;
 pub mod postgres_tls;
+pub mod redis_cluster_replicas;
+pub mod redis_replicas;
 pub mod redis_server;
 pub mod relay_process;
 pub mod roles;

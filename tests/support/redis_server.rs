@@ -321,9 +321,10 @@ impl Drop for RedisCluster {
     }
 }
 
-/// Spawns `redis-server` on `port` and waits until it answers `PING`.
-/// Its output goes to `redis-<port>.log` in `dir`, quoted when it fails.
-fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> {
+/// Spawns `redis-server` on `port` and waits until it answers `PING` (or
+/// asks for the password it was given). Its output goes to
+/// `redis-<port>.log` in `dir`, quoted when it fails.
+pub fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> {
     let log_path = dir.join(format!("redis-{port}.log"));
     let log = File::create(&log_path).map_err(|e| format!("create {}: {e}", log_path.display()))?;
     let log_err = log.try_clone().map_err(|e| e.to_string())?;
@@ -345,8 +346,10 @@ fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> 
         })?;
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if command(port, &["PING"]).is_ok_and(|reply| reply == "PONG") {
-            return Ok(child);
+        match command(port, &["PING"]) {
+            Ok(reply) if reply == "PONG" => return Ok(child),
+            Err(e) if e.to_string().contains("NOAUTH") => return Ok(child),
+            _ => {}
         }
         let exited = child.try_wait().ok().flatten();
         if exited.is_some() || Instant::now() >= deadline {
@@ -358,7 +361,8 @@ fn spawn_server(port: u16, dir: &Path, extra: &[&str]) -> Result<Child, String> 
     }
 }
 
-fn kill(mut child: Child) {
+/// Kills a server by PID (SIGKILL) and waits for it to exit.
+pub fn kill(mut child: Child) {
     // SIGKILL by PID; the error only says it had already exited.
     let _ = child.kill();
     let _ = child.wait();

@@ -244,6 +244,16 @@ impl<S: Store> Attempt<S> {
                 gateway.metrics.fence_rejections.with_label_values(&[operation.as_str()]).inc();
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), "fenced out: the record belongs to a newer attempt; not settled");
             }
+            Err(Abandoned { error: error @ StoreError::Unreplicated { .. }, tries }) => {
+                // The primary holds the completion; only a failover before
+                // the replicas catch up loses it. The client cannot wait
+                // longer than the lease without the record lapsing anyway.
+                gateway.metrics.settle_abandoned.inc();
+                gateway.metrics.unreplicated_answers.inc();
+                tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
+                    "answering although the replicas did not acknowledge the completed record before its lease would end; \
+                     a failover before they catch up loses it, and a retry after that runs the request again");
+            }
             Err(Abandoned { error, tries }) => {
                 gateway.metrics.settle_abandoned.inc();
                 tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,

@@ -17,7 +17,7 @@ use crate::http::body::{ResponseBody, full};
 use crate::http::client::UpstreamError;
 use crate::http::request_body::BufferedBody;
 use crate::idempotency::{Fingerprint, Record, StoredResponse, decide};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 impl<S: Store> Attempt<S> {
     /// The answer to a request whose key already has a record. With
@@ -63,15 +63,15 @@ impl<S: Store> Attempt<S> {
     }
 
     /// The store failed at begin: refuse (`fail_mode = "closed"`) or
-    /// forward without a record (`"open"`).
-    pub(super) async fn store_down(
-        self,
-        error: crate::store::StoreError,
-        parts: http::request::Parts,
-        body: BufferedBody,
-    ) -> Answer {
+    /// forward without a record (`"open"`). A begin the replicas did not
+    /// acknowledge (`wait_replicas`) is refused either way: the store is up
+    /// and was asked for durability, and forwarding without it would give
+    /// up exactly what was asked for.
+    pub(super) async fn store_down(self, error: StoreError, parts: http::request::Parts, body: BufferedBody) -> Answer {
         tracing::warn!(key = self.hashed.as_deref(), error = %error, "store unavailable");
+        let unreplicated = matches!(error, StoreError::Unreplicated { .. });
         match self.gateway.policy.fail_mode {
+            _ if unreplicated => (Disposition::StoreError, Problem::StoreUnavailable.to_response()),
             FailMode::Closed => (Disposition::StoreError, Problem::StoreUnavailable.to_response()),
             FailMode::Open => {
                 let response = match rewrite(&self.route, parts, full(body.bytes.clone()), &self.client, None) {

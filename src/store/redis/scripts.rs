@@ -82,6 +82,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ";
 
+// A complete's own guard: as HELD, but a record this fence already
+// settled answers 2 and is left as it is. A complete whose WAIT fell short
+// is sent again by the same attempt, and must learn that its write stands
+// (only the replicas are waited for again), not that it was fenced out.
+const HELD_OR_SETTLED: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fence', 'until')
+if r[2] ~= ARGV[1] then return 0 end
+if r[1] == 'c' or r[1] == 'u' then return 2 end
+if r[1] ~= 'i' or tonumber(r[3]) <= now then return 0 end
+";
+
 // ARGV: fence, ttl ms, the new state ('c' or 'u'), then the stored response
 // when one is kept.
 const COMPLETE: &str = r"
@@ -116,7 +127,7 @@ impl Scripts {
             begin: Script::new(&[ANSWER, BEGIN].concat()),
             get: Script::new(&[ANSWER, GET].concat()),
             renew: Script::new(&[NOW, HELD, RENEW].concat()),
-            complete: Script::new(&[NOW, HELD, COMPLETE].concat()),
+            complete: Script::new(&[NOW, HELD_OR_SETTLED, COMPLETE].concat()),
             release: Script::new(&[NOW, HELD, RELEASE].concat()),
         }
     }

@@ -1,0 +1,95 @@
+//! `wait_replicas`: a write that counts only once replicas hold it.
+//!
+//! Redis acknowledges a write when the primary has it; a failover to a
+//! replica that had not received it yet loses it, and with it the record
+//! that stops a retry from running the request a second time. With
+//! `wait_replicas=N` the store sends each `begin` and `complete` script
+//! with a `WAIT N wait_timeout` behind it, in one pipeline: one round trip,
+//! and one connection, so the `WAIT` counts the replicas of the node that
+//! ran the script (it waits for everything that connection wrote until
+//! then). Fewer than N in time is [`StoreError::Unreplicated`]; the store
+//! releases an acquired `begin` itself, and the gateway retries a
+//! `complete` (see `gateway::guard`).
+//!
+//! `WAIT` blocks the connection it is sent on until it returns, so writes
+//! behind it on the shared connection wait too: with the replicas gone,
+//! each write waits out `wait_timeout` in turn (see RELIABILITY.md).
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
+
+use super::millis;
+use super::options::{Durability, Options, Topology};
+use crate::store::StoreError;
+
+/// Runs `write` (an `EVALSHA` of `script`) and then `WAIT`, in one
+/// pipeline; returns the script's reply and how many replicas acknowledged.
+pub(super) async fn write_then_wait(
+    connection: &mut impl ConnectionLike,
+    script: &Script,
+    write: &Cmd,
+    durability: Durability,
+) -> RedisResult<(Value, i64)> {
+    let mut pipeline = redis::pipe();
+    pipeline.add_command(write.clone()).cmd("WAIT").arg(durability.replicas).arg(millis(durability.timeout));
+    let mut loaded = false;
+    loop {
+        let sent = async {
+            let replies: Vec<Value> = pipeline.query_async(connection).await?;
+            let [reply, acknowledged] = <[Value; 2]>::try_from(replies).map_err(|_| {
+                redis::RedisError::from((ErrorKind::UnexpectedReturnType, "a pipeline of two, answered otherwise"))
+            })?;
+            Ok::<_, redis::RedisError>((reply.extract_error()?, i64::from_redis_value(acknowledged)?))
+        };
+        match sent.await {
+            // A node that does not have the script yet (new, restarted or
+            // promoted): load it and send again, once.
+            Err(e) if !loaded && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script.load_async(connection).await?;
+                loaded = true;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The error for a write that fewer replicas than asked acknowledged.
+pub(super) fn unreplicated(acknowledged: i64, durability: Durability) -> StoreError {
+    StoreError::Unreplicated { acknowledged, wanted: durability.replicas, timeout: durability.timeout }
+}
+
+/// What `check-config` warns of in a Redis store URL: a durability
+/// setting the topology or the timeouts cannot meet, or a topology with
+/// replicas that runs without one. An unusable URL is `open`'s error, not
+/// a warning.
+pub fn durability_warnings(url: &str, store_timeout: Duration, lease: Duration) -> Vec<String> {
+    let Ok(options) = Options::parse(url) else { return Vec::new() };
+    let mut warnings = Vec::new();
+    match (options.durability, &options.topology) {
+        (None, Topology::Sentinel(_) | Topology::Cluster(_)) => warnings.push(
+            "store: a Redis failover loses writes its replicas had not received, and with a record lost a retry \
+             runs its request a second time; add ?wait_replicas=1 (see RELIABILITY.md)"
+                .to_string(),
+        ),
+        (None, Topology::Single(_)) => {}
+        (Some(durability), _) => {
+            let bound = options.timeout.min(store_timeout);
+            if durability.timeout >= bound {
+                warnings.push(format!(
+                    "store: wait_timeout = {:?} is not shorter than the store timeout ({bound:?}): a write the replicas \
+                     do not acknowledge times out instead of being refused; lower wait_timeout",
+                    durability.timeout
+                ));
+            }
+            if durability.timeout * 4 > lease {
+                warnings.push(format!(
+                    "store: wait_timeout = {:?} leaves a complete few retries within gateway.lease = {lease:?}",
+                    durability.timeout
+                ));
+            }
+        }
+    }
+    warnings
+}

@@ -1,0 +1,331 @@
+//! Redis with replicas for tests: a primary and a replica of private
+//! processes, with three Sentinels watching them if asked, all on free
+//! loopback ports, killed by PID when dropped (and by a watchdog if this
+//! process dies first).
+//!
+//! The data nodes require a password ([`DATA_PASSWORD`]) and the Sentinels
+//! another ([`SENTINEL_PASSWORD`]), so the tests also check that each
+//! reaches the right place. Failovers are the test's to cause:
+//! [`Replicated::fall_behind`] cuts a replica off its primary (a wrong
+//! `masterauth`, then its link killed), so writes the primary acknowledges
+//! from then on never reach it; [`Replicated::kill`] SIGKILLs a node; the
+//! Sentinels then promote the replica that fell behind, losing those
+//! writes, as a real failover after a lagging replica does.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::redis_server::{START_TIMEOUT, TempDir, free_port, kill, spawn_server};
+use super::services::stop_when_this_process_exits;
+
+/// The data nodes' password.
+pub const DATA_PASSWORD: &str = "data-secret";
+/// The Sentinels' password.
+pub const SENTINEL_PASSWORD: &str = "sentinel-secret";
+/// The service the Sentinels watch.
+pub const SERVICE: &str = "payments";
+/// How long a failover (or a resync) may take before a test gives up.
+pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A primary, a replica, and maybe three Sentinels.
+pub struct Replicated {
+    dir: TempDir,
+    nodes: Vec<Node>,
+    sentinels: Vec<Node>,
+}
+
+struct Node {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Replicated {
+    /// A primary (node 0) and its replica (node 1), in sync.
+    pub fn start() -> Self {
+        let dir = TempDir::new("redis-replicated");
+        let mut this = Self { dir, nodes: Vec::new(), sentinels: Vec::new() };
+        let primary = this.spawn_data(free_port(), None);
+        this.nodes.push(primary);
+        let replica = this.spawn_data(free_port(), Some(this.nodes[0].port));
+        this.nodes.push(replica);
+        this.wait_in_sync(1);
+        this
+    }
+
+    /// The same, with three Sentinels watching the primary as [`SERVICE`]
+    /// (quorum 2, down after 500 ms).
+    pub fn start_with_sentinels() -> Self {
+        let mut this = Self::start();
+        for _ in 0..3 {
+            let sentinel = this.spawn_sentinel(free_port());
+            this.sentinels.push(sentinel);
+        }
+        this.wait_until_sentinels_name(0);
+        this.wait_until_sentinels_know_everyone(1);
+        this
+    }
+
+    /// Waits until every Sentinel knows the other two, and sees `replica`
+    /// up and replicating from the primary: only then can they agree that
+    /// the primary is down, and promote the replica.
+    pub fn wait_until_sentinels_know_everyone(&self, replica: usize) {
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        let replica_port = self.nodes[replica].port.to_string();
+        for sentinel in &self.sentinels {
+            loop {
+                let ask = |args: &[&str]| query(sentinel.port, Some(SENTINEL_PASSWORD), args);
+                let master = ask(&["SENTINEL", "MASTER", SERVICE]);
+                let replicas = ask(&["SENTINEL", "REPLICAS", SERVICE]);
+                let others =
+                    matches!(&master, Ok(Resp::Array(f)) if field(f, "num-other-sentinels") == Some("2".into()));
+                let healthy = matches!(&replicas, Ok(Resp::Array(all)) if all.iter().any(|r| matches!(r,
+                    Resp::Array(f) if field(f, "port") == Some(replica_port.clone())
+                        && field(f, "flags") == Some("slave".into())
+                        && field(f, "master-link-status") == Some("ok".into()))));
+                if others && healthy {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "sentinel {}: {master:?} {replicas:?}", sentinel.port);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn spawn_data(&self, port: u16, replica_of: Option<u16>) -> Node {
+        let primary_port = replica_of.map(|p| p.to_string());
+        let mut args = vec!["--requirepass", DATA_PASSWORD, "--masterauth", DATA_PASSWORD];
+        if let Some(primary_port) = &primary_port {
+            args.extend(["--replicaof", "127.0.0.1", primary_port]);
+        }
+        let child = spawn_server(port, &self.dir.0, &args).unwrap_or_else(|e| panic!("redis-server: {e}"));
+        stop_when_this_process_exits(child.id(), "KILL", &self.dir.0);
+        Node { port, child: Some(child) }
+    }
+
+    fn spawn_sentinel(&self, port: u16) -> Node {
+        let config = self.dir.0.join(format!("sentinel-{port}.conf"));
+        let primary = self.nodes[0].port;
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\nrequirepass {SENTINEL_PASSWORD}\n\
+             sentinel sentinel-pass {SENTINEL_PASSWORD}\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+             sentinel auth-pass {SERVICE} {DATA_PASSWORD}\n\
+             sentinel down-after-milliseconds {SERVICE} 500\n\
+             sentinel failover-timeout {SERVICE} 10000\n",
+            dir = self.dir.0.display()
+        );
+        fs::write(&config, text).expect("write a sentinel config");
+        let log = fs::File::create(self.dir.0.join(format!("sentinel-{port}.log"))).expect("create a sentinel log");
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone a file handle"))
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server --sentinel");
+        stop_when_this_process_exits(child.id(), "KILL", &self.dir.0);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while query(port, Some(SENTINEL_PASSWORD), &["PING"]).ok() != Some(Resp::Simple("PONG".into())) {
+            assert!(Instant::now() < deadline, "sentinel on {port} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Node { port, child: Some(child) }
+    }
+
+    /// The store URL: `redis+sentinel://:DATA@s1,s2,s3/SERVICE/0?sentinel_password=…&…`.
+    pub fn sentinel_url(&self, options: &str) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        let hosts = hosts.join(",");
+        format!("redis+sentinel://:{DATA_PASSWORD}@{hosts}/{SERVICE}/0?sentinel_password={SENTINEL_PASSWORD}&{options}")
+    }
+
+    /// `redis://:DATA@127.0.0.1:<port of node>/0?…`.
+    pub fn url(&self, node: usize, options: &str) -> String {
+        format!("redis://:{DATA_PASSWORD}@127.0.0.1:{}/0?{options}", self.nodes[node].port)
+    }
+
+    /// Sends one command to a data node.
+    pub fn query(&self, node: usize, args: &[&str]) -> Resp {
+        query(self.nodes[node].port, Some(DATA_PASSWORD), args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Cuts the replica off its primary: writes from now on do not reach
+    /// it until [`Self::catch_up`] (or a failover promotes it as it is).
+    pub fn fall_behind(&self, replica: usize) {
+        self.query(replica, &["CONFIG", "SET", "masterauth", "wrong-on-purpose"]);
+        self.query(replica, &["CLIENT", "KILL", "TYPE", "master"]);
+    }
+
+    /// Lets a replica that fell behind reconnect.
+    pub fn catch_up(&self, replica: usize) {
+        self.query(replica, &["CONFIG", "SET", "masterauth", DATA_PASSWORD]);
+    }
+
+    /// Freezes a node (SIGSTOP): its sockets stay open, nothing answers.
+    pub fn pause(&self, node: usize) {
+        self.signal(node, "-STOP");
+    }
+
+    /// Lets a frozen node go on (SIGCONT).
+    pub fn resume(&self, node: usize) {
+        self.signal(node, "-CONT");
+    }
+
+    fn signal(&self, node: usize, which: &str) {
+        let pid = self.nodes[node].child.as_ref().expect("the node runs").id().to_string();
+        assert!(Command::new("kill").args([which, &pid]).status().expect("run kill").success());
+    }
+
+    /// SIGKILLs a data node.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(child) = self.nodes[node].child.take() {
+            kill(child);
+        }
+    }
+
+    /// Starts a killed node again, empty, as a replica of `primary`, and
+    /// waits until it is in sync (as an operator restarts a failed node).
+    pub fn restart_as_replica(&mut self, node: usize, primary: usize) {
+        let restarted = self.spawn_data(self.nodes[node].port, Some(self.nodes[primary].port));
+        self.nodes[node] = restarted;
+        self.wait_in_sync(node);
+    }
+
+    /// Waits until a replica's link to its primary is up.
+    pub fn wait_in_sync(&self, replica: usize) {
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        loop {
+            let info = self.query(replica, &["INFO", "replication"]).text();
+            if info.lines().any(|l| l.trim() == "master_link_status:up") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replica {replica} not in sync: {info}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until every Sentinel names `node` as the primary.
+    pub fn wait_until_sentinels_name(&self, node: usize) {
+        let want = self.nodes[node].port.to_string();
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        for sentinel in &self.sentinels {
+            loop {
+                let named =
+                    query(sentinel.port, Some(SENTINEL_PASSWORD), &["SENTINEL", "get-master-addr-by-name", SERVICE]);
+                if let Ok(Resp::Array(address)) = &named
+                    && address.get(1) == Some(&Resp::Bulk(want.clone()))
+                {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let log = fs::read_to_string(self.dir.0.join(format!("sentinel-{}.log", sentinel.port)));
+                    panic!(
+                        "sentinel {} still names {named:?}, not port {want}; its log:\n{}",
+                        sentinel.port,
+                        log.unwrap_or_default()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// How many keys a data node holds.
+    pub fn keys(&self, node: usize) -> i64 {
+        match self.query(node, &["DBSIZE"]) {
+            Resp::Int(n) => n,
+            other => panic!("DBSIZE answered {other:?}"),
+        }
+    }
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        for node in self.nodes.iter_mut().chain(self.sentinels.iter_mut()) {
+            if let Some(child) = node.child.take() {
+                kill(child);
+            }
+        }
+    }
+}
+
+/// The value after `name` in a flat `[name, value, …]` reply.
+fn field(fields: &[Resp], name: &str) -> Option<String> {
+    let at = fields.iter().position(|f| *f == Resp::Bulk(name.into()))?;
+    fields.get(at + 1).map(Resp::text)
+}
+
+/// A RESP reply, as much of it as the tests read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(String),
+    Nil,
+    Array(Vec<Resp>),
+}
+
+impl Resp {
+    /// A string reply's text.
+    pub fn text(&self) -> String {
+        match self {
+            Self::Simple(s) | Self::Bulk(s) => s.clone(),
+            other => panic!("not a string reply: {other:?}"),
+        }
+    }
+}
+
+/// Sends one command (after `AUTH`, with a password) on a new connection.
+pub fn query(port: u16, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = Vec::new();
+    let mut pack = |args: &[&str]| {
+        request.extend(format!("*{}\r\n", args.len()).bytes());
+        for arg in args {
+            request.extend(format!("${}\r\n{arg}\r\n", arg.len()).bytes());
+        }
+    };
+    if let Some(password) = password {
+        pack(&["AUTH", password]);
+    }
+    pack(args);
+    stream.write_all(&request)?;
+    let mut reader = BufReader::new(stream);
+    if password.is_some() {
+        match read(&mut reader)? {
+            Resp::Simple(ok) if ok == "OK" => {}
+            other => return Err(std::io::Error::other(format!("AUTH answered {other:?}"))),
+        }
+    }
+    read(&mut reader)
+}
+
+fn read(reader: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let line = line.trim_end();
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unexpected reply {line:?}"));
+    let (kind, rest) = line.split_at_checked(1).ok_or_else(invalid)?;
+    let number = || rest.parse::<i64>().map_err(|_| invalid());
+    Ok(match kind {
+        "+" => Resp::Simple(rest.to_string()),
+        "-" => Resp::Error(rest.to_string()),
+        ":" => Resp::Int(number()?),
+        "$" if rest == "-1" => Resp::Nil,
+        "$" => {
+            let mut body = vec![0; usize::try_from(number()?).map_err(|_| invalid())? + 2];
+            reader.read_exact(&mut body)?;
+            body.truncate(body.len() - 2);
+            Resp::Bulk(String::from_utf8_lossy(&body).into_owned())
+        }
+        "*" if rest == "-1" => Resp::Nil,
+        "*" => (0..number()?).map(|_| read(reader)).collect::<std::io::Result<_>>().map(Resp::Array)?,
+        _ => return Err(invalid()),
+    })
+}
