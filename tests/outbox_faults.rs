@@ -26,9 +26,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use idemgate::config::{ConfigDuration, DestinationConfig};
-use idemgate::outbox::claim;
 use idemgate::outbox::publisher::HttpPublisher;
 use idemgate::outbox::relay::Relay;
+use idemgate::outbox::{claim, dead};
 use idemgate::postgres::{Schema, migrate};
 use rand::prelude::*;
 use serde_json::json;
@@ -266,7 +266,7 @@ async fn a_destination_answering_503_for_a_long_stretch_loses_no_row_and_applies
     let delivered_patient: i64 = client.query_one(&delivered_patient, &[]).await.unwrap().get(0);
     assert_eq!(delivered_patient as usize, patient_rows, "{during}");
     assert!(during.dead > 0, "no brittle row ran out of attempts: {during}");
-    for dead in claim::list_dead(&fx.db, 1000).await.unwrap() {
+    for dead in dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 1000 }).await.unwrap().rows {
         let reason = dead.last_error.unwrap_or_default();
         assert!(dead.destination == "brittle" && reason.starts_with("HTTP 503"), "{}: {reason}", dead.destination);
     }
@@ -326,7 +326,7 @@ async fn a_poison_row_under_load_dies_with_its_reason_holds_only_its_key_and_flo
     let held = check(&client, &fx.schema.schema, &ledger, &fx.sink).await;
     assert_eq!((held.dead, held.blocked), (1, behind.len()), "{held}");
     assert_eq!(held.delivered, workload.len() - 1 - behind.len(), "{held}");
-    let dead = claim::list_dead(&fx.db, 10).await.unwrap();
+    let dead = dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows;
     assert_eq!(dead[0].business_key, poison.business_key);
     assert!(dead[0].last_error.as_deref().is_some_and(|e| e.starts_with("HTTP 422")), "{dead:?}");
     assert!(behind.iter().all(|key| fx.sink.count_for(key) == 0), "a row behind the poison was sent");

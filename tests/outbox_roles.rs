@@ -9,11 +9,11 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
 use idemgate::outbox::enqueue_many::enqueue_many_in;
 use idemgate::outbox::relay::Relay;
 use idemgate::outbox::roles::{Duty, Role, grant, statements};
+use idemgate::outbox::{claim, dead};
 use idemgate::postgres::{Endpoint, Schema, migrate};
 use serde_json::json;
 use support::outbox::{DESTINATION, Fixture, settings};
@@ -150,7 +150,10 @@ async fn a_relay_role_that_owns_nothing_does_the_relays_whole_job() {
     assert_eq!((outcome.delivered, outcome.retried, outcome.dead), (1, 2, 2), "{outcome:?}");
     assert_eq!(fx.sink.count_for(&delivered), 1);
     // The admin API's dead rows and redrive, then delivery after the fix.
-    assert_eq!(claim::list_dead(&db, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        dead::page(&db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows.len(),
+        2
+    );
     assert_eq!(claim::redrive(&db, None).await.unwrap(), 2);
     fx.sink.fail_with(Some(200));
     assert_eq!(fx.drain(&relay).await.delivered, 2);

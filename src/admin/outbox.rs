@@ -108,6 +108,18 @@ pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>
     json(StatusCode::OK, serde_json::json!({ "rows": rows, "total": page.total, "offset": query.offset }))
 }
 
+/// The database and `?limit=` of a census call: `404` without an outbox
+/// database or without configured destinations (nothing to tell apart).
+fn census_request<'a>(
+    db: Option<&'a Database>,
+    configured: &[String],
+    request: &Request<Incoming>,
+) -> Result<(&'a Database, usize), Problem> {
+    let limit = limit(request)?;
+    let db = db.filter(|_| !configured.is_empty()).ok_or(Problem::NotFound)?;
+    Ok((db, usize::try_from(limit).unwrap_or(0)))
+}
+
 /// `GET /admin/outbox/destinations?limit=N`: every configured destination
 /// with its ready, leased, dead and held rows and its oldest ready row's
 /// age; then up to `limit` unroutable ones (rows waiting for a destination
@@ -118,11 +130,10 @@ pub(super) async fn destinations(
     configured: &[String],
     request: &Request<Incoming>,
 ) -> Response<ResponseBody> {
-    let limit = match limit(request) {
-        Ok(limit) => usize::try_from(limit).unwrap_or(0),
+    let (db, limit) = match census_request(db, configured, request) {
+        Ok(found) => found,
         Err(problem) => return problem.to_response(),
     };
-    let Some(db) = db.filter(|_| !configured.is_empty()) else { return Problem::NotFound.to_response() };
     let counted = async { Ok::<_, OutboxError>((census::census(db, configured, limit).await?, dead::held(db).await?)) };
     let (census, held) = match within_db_timeout(counted).await {
         Ok(counts) => counts,
@@ -172,11 +183,10 @@ pub(super) async fn list_unroutable(
     configured: &[String],
     request: &Request<Incoming>,
 ) -> Response<ResponseBody> {
-    let limit = match limit(request) {
-        Ok(limit) => usize::try_from(limit).unwrap_or(0),
+    let (db, limit) = match census_request(db, configured, request) {
+        Ok(found) => found,
         Err(problem) => return problem.to_response(),
     };
-    let Some(db) = db.filter(|_| !configured.is_empty()) else { return Problem::NotFound.to_response() };
     let census = match within_db_timeout(census::census(db, configured, limit)).await {
         Ok(census) => census,
         Err(problem) => return problem.to_response(),

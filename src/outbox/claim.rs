@@ -21,7 +21,7 @@
 //! **Completion** deletes the row and inserts it into `idemgate.delivered`
 //! in the same statement, so a row is never both waiting and delivered.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -314,52 +314,6 @@ pub async fn maintain_history(db: &Database, retention: Duration) -> Result<(), 
         db.prepare("SELECT idemgate.maintain_history($1::bigint * interval '1 millisecond')").await?;
     client.execute(&statement, &[&millis(retention)]).await?;
     Ok(())
-}
-
-/// A dead row, as the admin API lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadRow {
-    /// Row id (for redrive).
-    pub id: i64,
-    /// Its derived key.
-    pub derived_key: String,
-    /// Its destination.
-    pub destination: String,
-    /// Its operation.
-    pub operation: String,
-    /// Its business key.
-    pub business_key: String,
-    /// Attempts made in all.
-    pub attempts: i32,
-    /// Why the last attempt failed.
-    pub last_error: Option<String>,
-    /// When it died, by the database clock.
-    pub dead_at: Option<SystemTime>,
-}
-
-/// Lists up to `limit` dead rows, oldest first.
-pub async fn list_dead(db: &Database, limit: i64) -> Result<Vec<DeadRow>, OutboxError> {
-    let (client, statement) = db
-        .prepare(
-            "SELECT id, derived_key, destination, operation, business_key, attempts, last_error, dead_at
-               FROM idemgate.outbox WHERE state = 'dead' ORDER BY dead_at, id LIMIT $1",
-        )
-        .await?;
-    let rows = client.query(&statement, &[&limit]).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DeadRow {
-                id: r.try_get(0)?,
-                derived_key: r.try_get(1)?,
-                destination: r.try_get(2)?,
-                operation: r.try_get(3)?,
-                business_key: r.try_get(4)?,
-                attempts: r.try_get(5)?,
-                last_error: r.try_get(6)?,
-                dead_at: r.try_get(7)?,
-            })
-        })
-        .collect()
 }
 
 /// Returns dead rows to the queue: one by id, or all with `None`. The retry

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use idemgate::outbox::claim;
 use idemgate::outbox::publisher::{Delivery, Publisher};
+use idemgate::outbox::{claim, dead};
 use serde_json::json;
 
 use crate::support::outbox::Fixture;
@@ -91,7 +91,7 @@ async fn a_row_whose_claims_keep_expiring_is_buried_once_its_attempts_are_used_u
     let outcome = fx.relay(LEASE).try_execute_batch().await.unwrap();
     assert_eq!((outcome.claimed, outcome.dead), (1, 1), "{outcome:?}");
     assert_eq!(fx.sink.count(), 0, "buried without a fourth publish");
-    let dead = claim::list_dead(&fx.db, 10).await.unwrap();
+    let dead = dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows;
     assert!(dead[0].last_error.as_deref().is_some_and(|e| e.contains("expired leases")), "{dead:?}");
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idemgate::outbox::claim;
+use idemgate::outbox::{claim, dead};
 use serde_json::json;
 
 use crate::LEASE;
@@ -20,7 +20,7 @@ async fn a_4xx_is_dead_at_once_and_a_redrive_delivers_it() {
     fx.sink.fail_with(Some(422));
     let outcome = fx.drain(&relay).await;
     assert_eq!((outcome.claimed, outcome.dead), (1, 1), "{outcome:?}");
-    let dead = claim::list_dead(&fx.db, 10).await.unwrap();
+    let dead = dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].derived_key, key);
     assert!(dead[0].last_error.as_deref().is_some_and(|e| e.starts_with("HTTP 422")), "{dead:?}");
@@ -28,7 +28,9 @@ async fn a_4xx_is_dead_at_once_and_a_redrive_delivers_it() {
     fx.sink.fail_with(None);
     assert_eq!(claim::redrive(&fx.db, None).await.unwrap(), 1);
     assert_eq!(fx.drain(&relay).await.delivered, 1);
-    assert!(claim::list_dead(&fx.db, 10).await.unwrap().is_empty());
+    assert!(
+        dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows.is_empty()
+    );
     assert_eq!(fx.sink.count_for(&key), 2);
 }
 
