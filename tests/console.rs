@@ -21,6 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idemgate::config::{DestinationConfig, Secret, ServiceUrl};
+use idemgate::outbox::enqueue::Message;
 use support::gateway::{TestGateway, config};
 use support::outbox::{DESTINATION, Fixture};
 use support::redis_server::{shared_redis_url, unique_prefix};
@@ -107,7 +108,12 @@ async fn an_operator_redrives_a_dead_row_and_purges_a_key_in_a_real_browser() {
 
     // A head that dies (the destination refuses it), and a later row of its ordering key held behind it.
     fixture.sink.fail_with(Some(400));
-    fixture.enqueue("<b>order-9</b>", serde_json::json!({ "n": 1 }), Some("customer:9")).await;
+    // The head carries a trace context: the console shows its trace id.
+    let payload = serde_json::json!({ "n": 1 });
+    let head = Message::new(DESTINATION, "notify", "<b>order-9</b>", &payload)
+        .ordered_by("customer:9")
+        .traced("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None);
+    fixture.enqueue_message(&head).await;
     fixture.enqueue("order-10", serde_json::json!({ "n": 2 }), Some("customer:9")).await;
     let relay = RelayProcess::start(&relay_toml(&fixture));
     let outbox = &fixture;

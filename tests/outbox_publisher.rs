@@ -211,6 +211,7 @@ fn claimed(destination: &str, headers: &[(&str, &str)]) -> Claimed {
         payload: String::from("{\"amount\":1}").into(),
         headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
         ordering_key: None,
+        trace: None,
     }
 }
 

@@ -102,6 +102,7 @@ pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>
                 "created_at_unix_ms": unix_ms(row.created_at),
                 "dead_at_unix_ms": row.dead_at.and_then(unix_ms),
                 "holds": row.holds,
+                "trace_id": row.trace_id,
             })
         })
         .collect();

@@ -251,7 +251,8 @@ impl<S: Store> Gateway<S> {
     ) -> Response<ResponseBody> {
         let started = Instant::now();
         // Kept for the log line (32 bytes); the header goes upstream unchanged.
-        let trace = request.headers().get(&TRACEPARENT).and_then(|v| request_log::trace_id(v.as_bytes()));
+        let trace =
+            request.headers().get(&TRACEPARENT).and_then(|v| crate::http::trace_context::trace_id(v.as_bytes()));
         let trace: Option<[u8; 32]> = trace.and_then(|id| id.as_bytes().try_into().ok());
         let at = (started, trace);
         if let Err(problem) = self.check_head(&request) {

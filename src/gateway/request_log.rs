@@ -55,32 +55,6 @@ pub struct Line<'a> {
     pub latency_us: u64,
 }
 
-/// The trace id of a W3C `traceparent` value
-/// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lower case;
-/// an all-zero id or version `ff` is invalid): what the request log shows,
-/// so one trace's lines can be found. The header itself is forwarded
-/// unchanged whatever it holds.
-pub fn trace_id(traceparent: &[u8]) -> Option<&str> {
-    let hex = |b: &[u8]| b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
-    let nonzero = |b: &[u8]| b.iter().any(|&c| c != b'0');
-    // Later versions may append fields after the flags; version 00 may not.
-    let fits = traceparent.len() == 55 || (traceparent.len() > 55 && traceparent[55] == b'-');
-    let (version, id, parent, flags) =
-        (traceparent.get(..2)?, traceparent.get(3..35)?, traceparent.get(36..52)?, traceparent.get(53..55)?);
-    let dashes = [2, 35, 52].iter().all(|&i| traceparent[i] == b'-');
-    let valid = fits
-        && dashes
-        && hex(version)
-        && version != b"ff"
-        && (version != b"00" || traceparent.len() == 55)
-        && hex(id)
-        && nonzero(id)
-        && hex(parent)
-        && nonzero(parent)
-        && hex(flags);
-    valid.then(|| std::str::from_utf8(id).ok()).flatten()
-}
-
 thread_local! {
     /// The line buffer, and the formatted second it starts with.
     static BUFFER: RefCell<(Vec<u8>, u64, [u8; 19])> = const { RefCell::new((Vec::new(), u64::MAX, [0; 19])) };

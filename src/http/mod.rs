@@ -13,6 +13,8 @@
 //! - [`headers`] — the hop-by-hop headers no hop may pass on.
 //! - [`tls`] — rustls on both sides: roots for clients, an acceptor for
 //!   listeners.
+//! - [`trace_context`] — W3C `traceparent`/`tracestate`: the trace id, and
+//!   the child span a new hop sends.
 
 pub mod body;
 pub mod client;
@@ -21,3 +23,4 @@ pub mod headers;
 pub mod listener;
 pub mod request_body;
 pub mod tls;
+pub mod trace_context;

@@ -26,6 +26,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Database, OutboxError};
+use crate::http::trace_context::TraceContext;
 
 /// Identifies one claim of one row: completion and failure need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +92,16 @@ pub struct Claimed {
     pub headers: Vec<(String, String)>,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
+    /// The trace context it was enqueued under: every attempt is a new
+    /// span of that trace.
+    pub trace: Option<TraceContext>,
+}
+
+impl Claimed {
+    /// The trace id of its context, or `-`, for log lines.
+    pub fn trace_id(&self) -> &str {
+        self.trace.as_ref().map_or("-", TraceContext::trace_id)
+    }
 }
 
 // The candidates are the due heads in due order, `$2` at most; of those
@@ -120,7 +131,7 @@ UPDATE idemgate.outbox o
   FROM taken c
  WHERE o.id = c.id
 RETURNING o.id, o.attempts, o.attempts - o.attempts_at_redrive, o.derived_key, o.destination, o.operation,
-          o.business_key, o.payload::text, o.headers::text, o.ordering_key";
+          o.business_key, o.payload::text, o.headers::text, o.ordering_key, o.traceparent, o.tracestate";
 
 const RENEW: &str = "
 UPDATE idemgate.outbox SET lease_until = now() + $3::bigint * interval '1 millisecond'
@@ -242,6 +253,7 @@ pub async fn claim_within(
                 payload: Payload::from(payload),
                 headers: headers_from_json(row.try_get(8)?),
                 ordering_key: row.try_get(9)?,
+                trace: TraceContext::parse(row.try_get(10)?, row.try_get(11)?),
             })
         })
         .collect()

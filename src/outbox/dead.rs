@@ -14,6 +14,7 @@
 use std::time::SystemTime;
 
 use super::{Database, OutboxError};
+use crate::http::trace_context::TraceContext;
 
 /// Which dead rows to list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct DeadEntry {
     pub dead_at: Option<SystemTime>,
     /// Later rows of its ordering key, waiting behind it (0 without one).
     pub holds: i64,
+    /// The trace id of the context it was enqueued under, if any.
+    pub trace_id: Option<String>,
 }
 
 /// One page of dead rows.
@@ -62,7 +65,7 @@ pub struct DeadPage {
 
 const PAGE: &str = "
 SELECT d.id, d.derived_key, d.destination, d.operation, d.business_key, d.attempts, d.last_error,
-       d.created_at, d.dead_at,
+       d.created_at, d.dead_at, d.traceparent,
        CASE WHEN d.ordering_key IS NULL THEN 0 ELSE
          (SELECT count(*) FROM idemgate.outbox b
            WHERE b.ordering_key = d.ordering_key AND b.ordering_seq > d.ordering_seq) END
@@ -101,7 +104,8 @@ pub async fn page(db: &Database, query: &DeadQuery) -> Result<DeadPage, OutboxEr
                 last_error: r.try_get(6)?,
                 created_at: r.try_get(7)?,
                 dead_at: r.try_get(8)?,
-                holds: r.try_get(9)?,
+                trace_id: TraceContext::parse(r.try_get(9)?, None).map(|t| t.trace_id().to_string()),
+                holds: r.try_get(10)?,
             })
         })
         .collect::<Result<_, OutboxError>>()?;

@@ -155,6 +155,11 @@ pub struct Message<'a> {
     pub ordering_key: Option<&'a str>,
     /// Extra request headers for this message.
     pub headers: BTreeMap<String, String>,
+    /// The W3C trace context to deliver it under (`traceparent`, then
+    /// `tracestate`); without one, the transaction's settings
+    /// `idemgate.traceparent` and `idemgate.tracestate` are read, if set.
+    /// An invalid `traceparent` is ignored, not refused.
+    pub trace_context: Option<(&'a str, Option<&'a str>)>,
 }
 
 impl<'a> Message<'a> {
@@ -165,13 +170,36 @@ impl<'a> Message<'a> {
         business_key: &'a str,
         payload: &'a serde_json::Value,
     ) -> Self {
-        Self { destination, operation, business_key, payload, ordering_key: None, headers: BTreeMap::new() }
+        Self {
+            destination,
+            operation,
+            business_key,
+            payload,
+            ordering_key: None,
+            headers: BTreeMap::new(),
+            trace_context: None,
+        }
     }
 
     /// Sets the ordering key.
     pub fn ordered_by(mut self, ordering_key: &'a str) -> Self {
         self.ordering_key = Some(ordering_key);
         self
+    }
+
+    /// Sets the trace context: the caller's current `traceparent` and
+    /// `tracestate`, as its tracing library would inject them into a request.
+    pub fn traced(mut self, traceparent: &'a str, tracestate: Option<&'a str>) -> Self {
+        self.trace_context = Some((traceparent, tracestate));
+        self
+    }
+
+    /// The `trace_context` argument: `{"traceparent": …, "tracestate": …}`,
+    /// or none (the function then reads the transaction's settings).
+    pub(super) fn trace_context_json(&self) -> Option<String> {
+        self.trace_context.map(|(traceparent, tracestate)| {
+            serde_json::json!({ "traceparent": traceparent, "tracestate": tracestate }).to_string()
+        })
     }
 
     /// What `idemgate.enqueue` would refuse in this message, but the
@@ -204,6 +232,12 @@ impl<'a> Message<'a> {
 const ENQUEUE: &str = "SELECT idemgate.enqueue(destination => $1, operation => $2, business_key => $3, \
      payload => $4::text::jsonb, ordering_key => $5, headers => $6::text::jsonb)";
 
+/// [`ENQUEUE`] naming `trace_context` too: sent only for a message that
+/// has one, so untraced messages still enqueue into a schema migrated
+/// before migration 7 (a service upgraded before its database).
+const ENQUEUE_TRACED: &str = "SELECT idemgate.enqueue(destination => $1, operation => $2, business_key => $3, \
+     payload => $4::text::jsonb, ordering_key => $5, headers => $6::text::jsonb, trace_context => $7::text::jsonb)";
+
 /// Enqueues `message` in the caller's transaction; returns the derived key.
 /// Nothing is delivered unless and until the transaction commits.
 pub async fn enqueue(transaction: &Transaction<'_>, message: &Message<'_>) -> Result<String, OutboxError> {
@@ -219,22 +253,25 @@ pub async fn enqueue_in(
     message.check()?;
     let payload = message.payload.to_string();
     let headers = serde_json::to_string(&message.headers).unwrap_or_else(|_| "{}".into());
+    let trace_context = message.trace_context_json();
     // Typed parameters: parse, bind and execute go in one round trip, where
     // an untyped query would first wait for the server to describe them.
-    let rows = transaction
-        .query_typed(
-            &schema.sql(ENQUEUE),
-            &[
-                (&message.destination, Type::TEXT),
-                (&message.operation, Type::TEXT),
-                (&message.business_key, Type::TEXT),
-                (&payload, Type::TEXT),
-                (&message.ordering_key, Type::TEXT),
-                (&headers, Type::TEXT),
-            ],
-        )
-        .await
-        .map_err(refusal_or_error)?;
+    let mut params: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = vec![
+        (&message.destination, Type::TEXT),
+        (&message.operation, Type::TEXT),
+        (&message.business_key, Type::TEXT),
+        (&payload, Type::TEXT),
+        (&message.ordering_key, Type::TEXT),
+        (&headers, Type::TEXT),
+    ];
+    let sql = match &trace_context {
+        Some(trace_context) => {
+            params.push((trace_context, Type::TEXT));
+            ENQUEUE_TRACED
+        }
+        None => ENQUEUE,
+    };
+    let rows = transaction.query_typed(&schema.sql(sql), &params).await.map_err(refusal_or_error)?;
     let row =
         rows.first().ok_or(OutboxError::Postgres(PostgresError::Schema("idemgate.enqueue returned no row".into())))?;
     let database: String = row.try_get(0)?;

@@ -46,6 +46,12 @@ use crate::postgres::PostgresError;
 const ENQUEUE_MANY: &str = "SELECT idemgate.enqueue_many(destination => $1, operation => $2, \
      business_key => $3, payload => $4::text[]::jsonb[], ordering_key => $5, headers => $6::text[]::jsonb[])";
 
+/// [`ENQUEUE_MANY`] naming `trace_context` too, sent only when a message
+/// has one (as `enqueue`'s, so untraced calls work before migration 7).
+const ENQUEUE_MANY_TRACED: &str = "SELECT idemgate.enqueue_many(destination => $1, operation => $2, \
+     business_key => $3, payload => $4::text[]::jsonb[], ordering_key => $5, headers => $6::text[]::jsonb[], \
+     trace_context => $7::text[]::jsonb[])";
+
 /// Enqueues every message in the caller's transaction, in one call; returns
 /// their derived keys, one per message, in order. Nothing is delivered
 /// unless and until the transaction commits.
@@ -67,20 +73,22 @@ pub async fn enqueue_many_in(
     }
     let arrays = Arrays::of(messages);
     // Typed parameters: parse, bind and execute in one round trip.
-    let rows = transaction
-        .query_typed(
-            &schema.sql(ENQUEUE_MANY),
-            &[
-                (&arrays.destinations, Type::TEXT_ARRAY),
-                (&arrays.operations, Type::TEXT_ARRAY),
-                (&arrays.business_keys, Type::TEXT_ARRAY),
-                (&arrays.payloads, Type::TEXT_ARRAY),
-                (&arrays.ordering_keys, Type::TEXT_ARRAY),
-                (&arrays.headers, Type::TEXT_ARRAY),
-            ],
-        )
-        .await
-        .map_err(refusal_or_error)?;
+    let mut params: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = vec![
+        (&arrays.destinations, Type::TEXT_ARRAY),
+        (&arrays.operations, Type::TEXT_ARRAY),
+        (&arrays.business_keys, Type::TEXT_ARRAY),
+        (&arrays.payloads, Type::TEXT_ARRAY),
+        (&arrays.ordering_keys, Type::TEXT_ARRAY),
+        (&arrays.headers, Type::TEXT_ARRAY),
+    ];
+    let sql = match &arrays.trace_contexts {
+        Some(trace_contexts) => {
+            params.push((trace_contexts, Type::TEXT_ARRAY));
+            ENQUEUE_MANY_TRACED
+        }
+        None => ENQUEUE_MANY,
+    };
+    let rows = transaction.query_typed(&schema.sql(sql), &params).await.map_err(refusal_or_error)?;
     let row = rows
         .first()
         .ok_or(OutboxError::Postgres(PostgresError::Schema("idemgate.enqueue_many returned no row".into())))?;
@@ -101,8 +109,9 @@ pub async fn enqueue_many_in(
     Ok(database)
 }
 
-/// The messages as the function's arrays. `ordering_key` and `headers` go
-/// as NULL when no message has one (most calls): less to send and parse.
+/// The messages as the function's arrays. `ordering_key`, `headers` and
+/// `trace_context` go as NULL when no message has one (most calls): less
+/// to send and parse.
 struct Arrays<'a> {
     destinations: Vec<&'a str>,
     operations: Vec<&'a str>,
@@ -110,12 +119,14 @@ struct Arrays<'a> {
     payloads: Vec<String>,
     ordering_keys: Option<Vec<Option<&'a str>>>,
     headers: Option<Vec<Option<String>>>,
+    trace_contexts: Option<Vec<Option<String>>>,
 }
 
 impl<'a> Arrays<'a> {
     fn of(messages: &[Message<'a>]) -> Self {
         let ordered = messages.iter().any(|m| m.ordering_key.is_some());
         let with_headers = messages.iter().any(|m| !m.headers.is_empty());
+        let traced = messages.iter().any(|m| m.trace_context.is_some());
         Self {
             destinations: messages.iter().map(|m| m.destination).collect(),
             operations: messages.iter().map(|m| m.operation).collect(),
@@ -131,6 +142,7 @@ impl<'a> Arrays<'a> {
                     })
                     .collect()
             }),
+            trace_contexts: traced.then(|| messages.iter().map(Message::trace_context_json).collect()),
         }
     }
 }
@@ -152,5 +164,11 @@ mod tests {
         let arrays = Arrays::of(&mixed);
         assert_eq!(arrays.ordering_keys, Some(vec![Some("k"), None]));
         assert_eq!(arrays.headers, Some(vec![None, Some(r#"{"x-tenant":"7"}"#.to_string())]));
+        assert_eq!(arrays.trace_contexts, None);
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced =
+            [Message::new("d", "o", "a", &payload), Message::new("d", "o", "b", &payload).traced(traceparent, None)];
+        let expected = format!(r#"{{"traceparent":"{traceparent}","tracestate":null}}"#);
+        assert_eq!(Arrays::of(&traced).trace_contexts, Some(vec![None, Some(expected)]));
     }
 }

@@ -49,6 +49,10 @@
 //! - **Time** is only ever the database's `now()`: leases, backoffs and
 //!   retention are computed in SQL; the relay passes durations, never
 //!   instants (its own poll and renewal cadence uses local monotonic timers).
+//! - **One trace per row**: a row keeps the W3C trace context it was
+//!   enqueued under (`trace_context`, or `SET LOCAL idemgate.traceparent`),
+//!   and every attempt is sent as a new span of that trace
+//!   ([`crate::http::trace_context`]); an invalid context is ignored.
 //! - **Known cost**: rows waiting behind a failing head are skipped by every
 //!   claim (its scan walks past them), so keep ordering keys fine-grained
 //!   (per customer, per order) rather than one key for a whole stream.

@@ -159,7 +159,7 @@ impl Publisher for HttpPublisher {
         let (kept, ending) = read_body(response.into_body(), keep, deadline).await;
         if class == Class::Delivered {
             if let Some(ending) = ending {
-                tracing::debug!(destination = %message.destination, status, ending, "delivered: the body of a 2xx broke off");
+                tracing::debug!(destination = %message.destination, trace_id = message.trace_id(), status, ending, "delivered: the body of a 2xx broke off");
             }
             return Delivery::Delivered;
         }

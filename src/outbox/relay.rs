@@ -335,7 +335,7 @@ impl<P: Publisher> Relay<P> {
         match settled {
             Ok(settled) => settled,
             Err(e) => {
-                tracing::warn!(id = row.fence.id, error = %e, "cannot record an outbox attempt; its lease will expire");
+                tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), error = %e, "cannot record an outbox attempt; its lease will expire");
                 Fate::Error
             }
         }
@@ -354,11 +354,11 @@ impl<P: Publisher> Relay<P> {
         let unit: f64 = rand::random();
         match policy.after_failure(class, row.attempt, retry_after, unit) {
             Next::RetryIn(delay) => {
-                tracing::debug!(id = row.fence.id, ?delay, %reason, "outbox attempt failed; retrying");
+                tracing::debug!(id = row.fence.id, trace_id = row.trace_id(), ?delay, %reason, "outbox attempt failed; retrying");
                 Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Fate::Retried))
             }
             Next::Dead => {
-                tracing::warn!(id = row.fence.id, destination = %row.destination, %reason, "outbox row is dead");
+                tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), destination = %row.destination, %reason, "outbox row is dead");
                 Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Fate::Dead))
             }
         }
@@ -400,8 +400,12 @@ impl<P: Publisher> Relay<P> {
         };
         let observe = |renewal: &Renewal<OutboxError>| match renewal {
             Renewal::Renewed => {}
-            Renewal::Lost => tracing::warn!(id = row.fence.id, "outbox lease lost during a publish"),
-            Renewal::Failed(e) => tracing::warn!(id = row.fence.id, error = %e, "cannot renew an outbox lease"),
+            Renewal::Lost => {
+                tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), "outbox lease lost during a publish")
+            }
+            Renewal::Failed(e) => {
+                tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), error = %e, "cannot renew an outbox lease")
+            }
         };
         let attempt = lease.renewing(publish, || self.renew(row), observe).await;
         (attempt, lease)

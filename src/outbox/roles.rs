@@ -90,8 +90,8 @@ pub enum Duty {
 
 const SERVICE: &[&str] = &[
     "GRANT USAGE ON SCHEMA {schema} TO {role}",
-    "GRANT EXECUTE ON FUNCTION idemgate.enqueue(text, text, text, jsonb, text, jsonb) TO {role}",
-    "GRANT EXECUTE ON FUNCTION idemgate.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[]) TO {role}",
+    "GRANT EXECUTE ON FUNCTION idemgate.enqueue(text, text, text, jsonb, text, jsonb, jsonb) TO {role}",
+    "GRANT EXECUTE ON FUNCTION idemgate.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[], jsonb[]) TO {role}",
 ];
 
 const RELAY: &[&str] = &[
@@ -151,8 +151,8 @@ mod tests {
             granted,
             [
                 "GRANT USAGE ON SCHEMA shop_b TO \"shop\"",
-                "GRANT EXECUTE ON FUNCTION shop_b.enqueue(text, text, text, jsonb, text, jsonb) TO \"shop\"",
-                "GRANT EXECUTE ON FUNCTION shop_b.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[]) TO \"shop\"",
+                "GRANT EXECUTE ON FUNCTION shop_b.enqueue(text, text, text, jsonb, text, jsonb, jsonb) TO \"shop\"",
+                "GRANT EXECUTE ON FUNCTION shop_b.enqueue_many(text[], text[], text[], jsonb[], text[], jsonb[], jsonb[]) TO \"shop\"",
             ]
         );
     }

@@ -149,6 +149,7 @@ try {
   expect((await page.locator("#dead b").count()) === 0, "no markup from the database rendered");
   expect(text.includes("400"), `the last error to name the refusal (got: ${text})`);
   expect(text.includes("Holds 1 later row"), "the held row shown as held");
+  expect(text.includes("4bf92f3577b34da6a3ce929d0e0e4736"), `the trace id of the row shown (got: ${text})`);
   // The dead rows of one destination: the filter offers every destination listed.
   await page.selectOption("#dead-destination", "sink");
   await page.waitForSelector("#dead li");

@@ -66,11 +66,16 @@ impl Fixture {
 
     /// Enqueues one message in a transaction of its own and commits it.
     pub async fn enqueue(&self, business_key: &str, payload: serde_json::Value, ordering_key: Option<&str>) -> String {
-        let mut client = self.schema.connect().await;
-        let tx = client.transaction().await.unwrap();
         let mut message = Message::new(DESTINATION, "notify", business_key, &payload);
         message.ordering_key = ordering_key;
-        let key = enqueue_in(&self.schema.schema, &tx, &message).await.expect("enqueue");
+        self.enqueue_message(&message).await
+    }
+
+    /// Enqueues `message` in a transaction of its own and commits it.
+    pub async fn enqueue_message(&self, message: &Message<'_>) -> String {
+        let mut client = self.schema.connect().await;
+        let tx = client.transaction().await.unwrap();
+        let key = enqueue_in(&self.schema.schema, &tx, message).await.expect("enqueue");
         tx.commit().await.unwrap();
         key
     }

@@ -61,6 +61,7 @@ function deadCard(dead) {
     ["Enqueued", when(dead.created_at_unix_ms)],
     ["Died", when(dead.dead_at_unix_ms)],
     ["Last error", dead.last_error ?? "(none recorded)"],
+    ["Trace", dead.trace_id ?? "(none)"],
   ]);
   dl.querySelectorAll("dd")[4].classList.add("error");
   li.append(title, dl);

@@ -30,6 +30,9 @@ use super::super::claim::Claimed;
 use crate::config::{DestinationConfig, ServiceUrl};
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::key::IDEMPOTENCY_KEY;
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 use crate::outbox::enqueue::reserved_header;
 
 /// A destination's request template: where, how, and the headers every
@@ -84,8 +87,10 @@ impl Target {
     }
 
     /// The request for one message: the configured headers, then the
-    /// message's own (which may override them), `Content-Type:
-    /// application/json` unless set, and the derived `Idempotency-Key`.
+    /// message's own (which may override them), the row's trace context as
+    /// a new span (`traceparent`, `tracestate`: they override both),
+    /// `Content-Type: application/json` unless set, and the derived
+    /// `Idempotency-Key`.
     /// A message header that [`reserved_header`] names, or that is not a
     /// valid header, refuses the whole message.
     pub fn request(&self, message: &Claimed) -> Result<Request<ResponseBody>, String> {
@@ -99,6 +104,17 @@ impl Target {
             let value =
                 HeaderValue::from_str(value).map_err(|_| format!("message header {header} has an invalid value"))?;
             headers.insert(header, value);
+        }
+        if let Some(trace) = &message.trace {
+            // A new span of the row's trace for each attempt; a tracestate
+            // among the message's headers belongs to another context.
+            let traceparent = HeaderValue::from_str(&trace.child()).map_err(|_| "traceparent is not a header value")?;
+            headers.insert(TRACEPARENT, traceparent);
+            headers.remove(TRACESTATE);
+            if let Some(state) = trace.tracestate() {
+                let state = HeaderValue::from_str(state).map_err(|_| "tracestate is not a header value")?;
+                headers.insert(TRACESTATE, state);
+            }
         }
         if !headers.contains_key(CONTENT_TYPE) {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -172,7 +188,25 @@ mod tests {
             payload: String::from("{\"n\":1}").into(),
             headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             ordering_key: None,
+            trace: None,
         }
+    }
+
+    #[test]
+    fn the_rows_trace_context_replaces_trace_headers_of_the_message_with_a_new_span() {
+        use crate::http::trace_context::{TraceContext, trace_id};
+        let stale = [("traceparent", "00-11111111111111111111111111111111-2222222222222222-01"), ("tracestate", "x=1")];
+        let target = target("http://127.0.0.1:1/").unwrap();
+        // Without a context of its own, a row's headers pass as given (rows enqueued before migration 7).
+        let untraced = target.request(&message(&stale)).unwrap();
+        assert_eq!(untraced.headers()[TRACEPARENT], stale[0].1);
+        let mut traced = message(&stale);
+        traced.trace = TraceContext::parse(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), None);
+        let request = target.request(&traced).unwrap();
+        let sent = request.headers()[TRACEPARENT].to_str().unwrap();
+        assert_eq!(trace_id(sent.as_bytes()), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert!(!sent.contains("00f067aa0ba902b7"), "{sent}");
+        assert!(request.headers().get(TRACESTATE).is_none());
     }
 
     #[test]
