@@ -4,8 +4,10 @@
 //! setting, or the Rust helper — is published under a `traceparent` of the
 //! same trace on every attempt, each attempt a new span, also after the
 //! relay is SIGKILLed mid-publish and after a redrive; the dead-row listing
-//! and the relay's log lines carry the trace id. Against the real
-//! PostgreSQL and the `idemgate relay` binary.
+//! and the relay's log lines carry the trace id; and the whole path, from a
+//! client's request through the gateway and the service that enqueues to
+//! the delivery. Against the real PostgreSQL and the `idemgate relay`
+//! binary.
 
 mod support;
 
@@ -287,4 +289,46 @@ async fn a_trace_context_is_stored_when_valid_ignored_when_not_and_refused_only_
     client.query_one(&enqueue, &[&"after", &None::<String>]).await.unwrap();
     let row = client.query_one(&stored, &[&"after"]).await.unwrap();
     assert_eq!(row.get::<_, Option<String>>(0), None);
+}
+
+/// The whole path: a client's request carries a traceparent through the
+/// gateway to a service, which enqueues its side effect under the trace it
+/// received (`set_config('idemgate.traceparent', …, true)`, what `SET
+/// LOCAL` does); the relay delivers it as a span of that same trace, and
+/// the client's retry is replayed by the gateway without a second row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_trace_reaches_the_delivery_of_the_effect_its_request_caused() {
+    let fx = Arc::new(support::outbox::Fixture::start().await);
+    let shared = fx.clone();
+    let service = HttpServer::start(move |request: Request<Incoming>| {
+        let fx = shared.clone();
+        async move {
+            let traceparent = request.headers().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let mut client = fx.schema.connect().await;
+            let tx = client.transaction().await.unwrap();
+            tx.query_one("SELECT set_config('idemgate.traceparent', $1, true)", &[&traceparent]).await.unwrap();
+            let enqueue = fx.schema.sql("SELECT idemgate.enqueue($1, 'charge', 'order:7', '{}')");
+            tx.query_one(&enqueue, &[&support::outbox::DESTINATION]).await.unwrap();
+            tx.commit().await.unwrap();
+            let response = Response::builder().status(201).body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    })
+    .await;
+    let gateway = support::gateway::TestGateway::start(support::gateway::config(
+        &format!("http://{}", service.addr),
+        "memory://",
+    ))
+    .await;
+    for _ in 0..2 {
+        let reply = gateway.post("/charge").key("charge-7").json("{}").header("traceparent", PARENT_A).send().await;
+        assert_eq!(reply.status, 201, "{}", reply.text());
+    }
+    assert_eq!(fx.count("true").await, 1, "the retry was replayed: one row");
+    let relay = fx.relay(Duration::from_secs(30));
+    assert_eq!(fx.drain(&relay).await.delivered, 1);
+    let received = fx.sink.received();
+    let sent = received[0].headers["traceparent"].to_str().unwrap();
+    assert_eq!(trace_id(sent), trace_id(PARENT_A), "{sent}");
+    assert_ne!(&sent[36..52], &PARENT_A[36..52], "a span of its own: {sent}");
 }
