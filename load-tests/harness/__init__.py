@@ -3,7 +3,7 @@
 shared        paths, the binaries (chosen at run time), the run's nonce, Processes, /proc readers
 setup         wrk and nginx, the cargo builds, the gateway scenarios' servers (Stack)
 measuring     wrk and `lt`, the Runner that measures and keeps every result
-gateway       P1–P6 and P10
+gateway       P1–P6, P10 and P11
 outbox_stack  PostgreSQL schemas, sinks and relays for the outbox scenarios
 outbox        P7–P9 and R1
 report        the Markdown results file

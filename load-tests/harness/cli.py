@@ -67,14 +67,14 @@ def main(doc):
         if not binary.exists():
             sys.exit(f"{binary} is missing: run without --no-build")
     if not nginx:
-        say("nginx is not installed: the nginx reference (P1 ratio, P3, P4, P6) is skipped")
+        say("nginx is not installed: the nginx reference (P1 ratio, P3, P4, P6, P11) is skipped")
     workdir = Path(tempfile.mkdtemp(prefix="idemgate-lt-"))
     procs = Processes(workdir, args.pin and args.pin_servers)
     stack = Stack(procs, nginx, workdir)
     runner = Runner(args, stack)
     correct = True
     try:
-        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "D1")):
+        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "P11", "D1")):
             correct = gateway_scenarios(runner, stack, procs, nginx, wanted, workdir)
         if any(wanted(s) for s in ("P7", "P8", "P9", "R1", "E1", "E2", "E3", "E4")):
             outbox_scenarios(runner, procs, workdir, wanted)

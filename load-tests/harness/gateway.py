@@ -1,4 +1,4 @@
-"""The gateway's scenarios, P1–P6 and P10 (PERFORMANCE.md), against one set of servers.
+"""The gateway's scenarios, P1–P6, P10 and P11 (PERFORMANCE.md), against one set of servers.
 
 P1–P4 throughput (wrk, interleaved with their references), P5 correctness
 (`lt burst` on one key, memory and Redis), P6 latency at a fixed rate
@@ -21,7 +21,7 @@ from .measuring import lt, met_if, ratio_of, summarize, wrk
 
 
 def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
-    """P1–P6 and P10: the gateway's servers, started once for all of them. Returns P5's verdict."""
+    """P1–P6, P10 and P11: the gateway's servers, started once for all of them. Returns P5's verdict."""
     correct = True
     say(f"starting servers (logs in {workdir})")
     if nginx:
@@ -45,7 +45,7 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
     stack.start_gateway("gw-redis", stack.redis_url, up)
     if wanted("P1"):
         stack.start_gateway("gw-logged", "memory://", up, request_log=True)
-    if any(wanted(s) for s in ("P1", "P2", "P3", "P4")):
+    if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P11")):
         throughput(runner, stack, bool(nginx), wanted)
     if wanted("P5"):
         correct = correctness(runner, stack, procs)
@@ -80,7 +80,8 @@ def throughput(runner, stack, has_nginx, wanted):
         sub, ref = r["guarded POST, memory"], r["passthrough POST (no key)"]
         runner.row("P2", "unique keys, memory store", sub, ("passthrough POST", ref), ratio_of(sub, ref),
                    "≥ 0.8 × passthrough", met_if(sub, ref, 0.8))
-    for sid, what in (("P3", "unique keys, Redis store"), ("P4", "replays, Redis store")):
+    for sid, what in (("P3", "unique keys, Redis store"), ("P4", "replays, Redis store"),
+                      ("P11", "replays, memory store")):
         if wanted(sid) and not has_nginx:
             runner.row(sid, what, None, note="skipped: nginx (the reference) is not installed")
     if wanted("P3") and has_nginx:
@@ -97,6 +98,15 @@ def throughput(runner, stack, has_nginx, wanted):
         sub, ref = r["replays, Redis"], r["nginx proxy POST"]
         runner.row("P4", "replays, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.0 × nginx",
                    met_if(sub, ref, 1.0))
+    if wanted("P11") and has_nginx:
+        say(f"P11 replays of completed keys, memory store ({space} keys per wrk thread, completed first)")
+        memory_cycle = {**cycle, "LT_PREFIX": f"replay-memory-{NONCE}"}
+        wrk(gw_mem, max(1, runner.args.warmup), runner.args, memory_cycle)  # complete every key once
+        r = runner.interleaved("P11", [("nginx proxy POST", px, memory_cycle),
+                                       ("replays, memory", gw_mem, memory_cycle)])
+        sub, ref = r["replays, memory"], r["nginx proxy POST"]
+        runner.row("P11", "replays, memory store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.5 × nginx",
+                   met_if(sub, ref, 1.5))
 
 
 def durability_cost(runner, stack, procs, up):
