@@ -107,7 +107,7 @@ BEGIN
     IF enqueue.headers IS NOT NULL AND enqueue.headers <> '{}' THEN
         fault := idemgate.headers_fault(enqueue.headers);
     END IF;
-    IF fault IS NULL THEN
+    IF fault IS NULL AND enqueue.trace_context IS NOT NULL THEN
         fault := idemgate.trace_context_fault(enqueue.trace_context);
     END IF;
     IF fault IS NOT NULL THEN
@@ -120,7 +120,10 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
     derived := idemgate.derived_key(outbox_name, enqueue.destination, enqueue.operation, enqueue.business_key);
-    trace := idemgate.trace_context(enqueue.trace_context);
+    -- Most enqueues have no trace context: no call unless there is one to read.
+    IF enqueue.trace_context IS NOT NULL OR current_setting('idemgate' || '.traceparent', true) <> '' THEN
+        trace := idemgate.trace_context(enqueue.trace_context);
+    END IF;
 
     -- Taken before the insert, so the row is born with its place in line.
     -- A duplicate burns a number; gaps are harmless (heads are found by
