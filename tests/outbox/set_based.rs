@@ -152,18 +152,7 @@ async fn concurrent_calls_on_shared_keys_wait_for_each_other_without_deadlock_in
         let keys = enqueue_many_in(&schema, &tx2, &messages(&rows, &payloads)).await;
         tx2.commit().await.map(|()| keys)
     });
-    let probe = fx.schema.connect().await;
-    let mut blocked = false;
-    for _ in 0..500 {
-        let sql = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1";
-        let row = probe.query_one(sql, &[&second_pid]).await.unwrap();
-        if row.get::<_, Option<String>>(0).as_deref() == Some("Lock") {
-            blocked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(blocked, "the second call did not wait for the first transaction");
+    assert!(waits_for_a_lock(&fx, second_pid).await, "the second call did not wait for the first transaction");
     // Had the second call locked b first, this would deadlock with it.
     let b1 = json!({"bk": "b1", "key": "b"});
     let b1_message = [Message::new(DESTINATION, "notify", "b1", &b1).ordered_by("b")];
@@ -175,4 +164,73 @@ async fn concurrent_calls_on_shared_keys_wait_for_each_other_without_deadlock_in
     let order = delivered_per_key(&fx);
     assert_eq!(order["a"], strings(&["a1", "a2"]));
     assert_eq!(order["b"], strings(&["b1", "b2"]), "b1 committed first, though its call began later");
+}
+
+/// Until `pid`'s backend waits for a lock; false if it never does.
+async fn waits_for_a_lock(fx: &Fixture, pid: i32) -> bool {
+    let probe = fx.schema.connect().await;
+    for _ in 0..500 {
+        let sql = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1";
+        let row = probe.query_one(sql, &[&pid]).await.unwrap();
+        if row.get::<_, Option<String>>(0).as_deref() == Some("Lock") {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A call whose key another transaction holds, uncommitted, waits for it;
+/// then it is a no-op for that key if the holder commits, and inserts it if
+/// the holder rolls back; either way the rest of the call goes in. (The
+/// call's first, plain INSERT fails on the committed key and is redone with
+/// ON CONFLICT: this is that path, after a wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_on_a_key_another_transaction_holds_waits_then_skips_it_on_commit_and_takes_it_on_rollback() {
+    let fx = Fixture::start().await;
+    for (held, commit) in [("held-committed", true), ("held-rolled-back", false)] {
+        let mut first = fx.schema.connect().await;
+        let tx1 = first.transaction().await.unwrap();
+        let holder = payloads(&[(held, None)], "holder");
+        enqueue_many_in(&fx.schema.schema, &tx1, &messages(&[(held, None)], &holder)).await.unwrap();
+
+        let schema = fx.schema.schema.clone();
+        let mut second = fx.schema.connect().await;
+        let second_pid: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        let tag = format!("waiter of {held}");
+        let (before, after) = (format!("before {held}"), format!("after {held}"));
+        let waiting = tokio::spawn(async move {
+            let tx2 = second.transaction().await.unwrap();
+            let rows = [(before.as_str(), None), (held, None), (after.as_str(), None)];
+            let payloads = payloads(&rows, &tag);
+            let keys = enqueue_many_in(&schema, &tx2, &messages(&rows, &payloads)).await;
+            tx2.commit().await.map(|()| keys)
+        });
+        assert!(waits_for_a_lock(&fx, second_pid).await, "the call did not wait for the holder of {held}");
+        if commit {
+            tx1.commit().await.unwrap()
+        } else {
+            tx1.rollback().await.unwrap()
+        }
+        let keys = waiting.await.unwrap().expect("the waiter commits").expect("its call succeeds");
+        assert_eq!(keys.len(), 3);
+    }
+    assert_eq!(fx.count("true").await, 6, "two keys held and four around them, one row each");
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 6);
+    let tags: BTreeMap<String, (usize, String)> = fx.sink.received().into_iter().fold(BTreeMap::new(), |mut m, r| {
+        let bk = r.payload["bk"].as_str().unwrap().to_string();
+        let tag = r.payload["tag"].as_str().unwrap().to_string();
+        m.entry(bk).or_insert((0, tag)).0 += 1;
+        m
+    });
+    let expected = [
+        ("after held-committed", "waiter of held-committed"),
+        ("after held-rolled-back", "waiter of held-rolled-back"),
+        ("before held-committed", "waiter of held-committed"),
+        ("before held-rolled-back", "waiter of held-rolled-back"),
+        ("held-committed", "holder"),
+        ("held-rolled-back", "waiter of held-rolled-back"),
+    ]
+    .map(|(bk, tag)| (bk.to_string(), (1, tag.to_string())));
+    assert_eq!(tags, BTreeMap::from(expected), "each key delivered once, with the payload that took it");
 }

