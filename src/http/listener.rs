@@ -104,8 +104,9 @@ pub async fn serve_listener<F, Fut>(
         let service = {
             let activity = activity.clone();
             let handle = handle.clone();
-            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 let in_flight = activity.begin();
+                super::head::detach_request(&mut request);
                 let response = handle(request, connection.clone());
                 async move {
                     let response = response.await;
