@@ -89,6 +89,31 @@ async fn a_client_that_sends_headers_slowly_is_cut_off_without_stalling_others()
     assert_eq!(upstream.total(), 1);
 }
 
+/// The listener tells HTTP/1.1 from HTTP/2 by peeking at the first bytes:
+/// a first segment too short to tell ("P" could begin the HTTP/2 preface)
+/// or just short ("G") must still reach hyper whole, and in order.
+#[tokio::test]
+async fn a_request_whose_first_segment_is_one_byte_is_served() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let requests = [
+        "POST /charge HTTP/1.1\r\nhost: x\r\nidempotency-key: split-p\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        "GET /charge HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    ];
+    for raw in requests {
+        let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream.write_all(&raw.as_bytes()[..1]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stream.write_all(&raw.as_bytes()[1..]).await.unwrap();
+        let mut reply = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut reply)).await;
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(matches!(status_of(&reply), 200 | 201), "{raw:?}: {reply}");
+    }
+    assert_eq!(upstream.total(), 2);
+}
+
 #[tokio::test]
 async fn a_broken_chunked_body_is_400_and_creates_no_record() {
     let upstream = Upstream::start().await;

@@ -285,18 +285,18 @@ impl<S: Store> Gateway<S> {
         request: Request<Incoming>,
         connection: &ConnectionInfo,
     ) -> (Disposition, Option<String>, Response<ResponseBody>) {
+        // Both paths boxed: hyper keeps a connection's in-flight future in a
+        // slot it allocates once per connection, as large as this future, so
+        // an inline path would cost every connection, busy or idle, its size.
         if !route.guards(request.method()) {
-            let (disposition, response) = self.passthrough(route, request, connection).await;
+            let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
             return (disposition, None, response);
         }
         match IdempotencyKey::from_headers(request.headers()) {
-            // Boxed: the guarded future is several kilobytes, and hyper keeps
-            // a connection's in-flight future inline, so every request (and
-            // every idle connection) would carry and copy it.
             Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,
             Ok(None) if route.require_key => (Disposition::MissingKey, None, Problem::MissingKey.to_response()),
             Ok(None) => {
-                let (disposition, response) = self.passthrough(route, request, connection).await;
+                let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
                 (disposition, None, response)
             }
             Err(e) => (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response()),

@@ -225,7 +225,8 @@ impl Pool {
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let lease = Lease { pool: self, sender, slot };
-                    let (head, body) = response.into_parts();
+                    let (mut head, body) = response.into_parts();
+                    super::head::detach_headers(&mut head.headers);
                     let body = if body.is_end_stream() {
                         lease.release();
                         UpstreamBody { inner: body, lease: None }

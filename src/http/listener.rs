@@ -14,6 +14,11 @@
 //!   connection ([`super::request_body`]);
 //! - a shutdown grace period: on shutdown the listener closes and open
 //!   connections finish their current requests (idle ones close at once).
+//!
+//! The protocol is known before hyper sees a byte: on plaintext from the
+//! first bytes, peeked and left unread ([`sniff`]: HTTP/2's preface or not),
+//! over TLS from ALPN. A connection then starts on its own protocol's
+//! parser, and an HTTP/1.1 connection keeps one 8 KiB read buffer, not 16.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -85,6 +90,8 @@ pub async fn serve_listener<F, Fut>(
     // allocate its header index for every request instead of keeping it inline.
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
+    let builders =
+        Arc::new(Builders { http1: builder.clone().http1_only(), http2: builder.clone().http2_only(), builder });
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
@@ -104,8 +111,9 @@ pub async fn serve_listener<F, Fut>(
         let service = {
             let activity = activity.clone();
             let handle = handle.clone();
-            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 let in_flight = activity.begin();
+                super::head::detach_request(&mut request);
                 let response = handle(request, connection.clone());
                 async move {
                     let response = response.await;
@@ -114,19 +122,34 @@ pub async fn serve_listener<F, Fut>(
                 }
             })
         };
-        let builder = builder.clone();
+        let builders = builders.clone();
         let tls = tls.clone();
         let closing = closing.clone();
         let limits = limits.clone();
         connections.spawn(async move {
             let served = match tls {
-                None => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
-                Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
-                {
-                    Ok(Ok(stream)) => serve_connection(&builder, stream, service, &activity, &limits, &closing).await,
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(_) => Err("TLS handshake timed out".into()),
-                },
+                None => {
+                    // Before the first request the idle watcher's limit is
+                    // `header_read_timeout` from the accept: so is this wait.
+                    let speaks = tokio::select! {
+                        speaks = tokio::time::timeout(limits.header_read_timeout, sniff(&stream)) => speaks,
+                        () = closing.cancelled() => Ok(Ok(Speaks::Unknown)),
+                    };
+                    match speaks {
+                        Ok(Ok(speaks)) if !closing.is_cancelled() => {
+                            let builder = builders.pick(speaks);
+                            serve_connection(builder, stream, service, &activity, &limits, &closing).await
+                        }
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(e.into()),
+                        Err(_) => Err("no request within the header read timeout".into()),
+                    }
+                }
+                // Boxed: a TLS stream and its handshake are kilobytes, and
+                // every plaintext connection's task would be sized for them.
+                Some(acceptor) => {
+                    Box::pin(serve_tls(acceptor, &builders, stream, service, &activity, &limits, &closing)).await
+                }
             };
             if let Err(e) = served {
                 tracing::debug!(listener = name, client = %addr, error = %e, "connection ended with an error");
@@ -144,6 +167,92 @@ pub async fn serve_listener<F, Fut>(
     let grace = limits.shutdown_grace;
     if tokio::time::timeout(grace, connections.wait()).await.is_err() {
         tracing::warn!(listener = name, ?grace, "connections still open after the grace period; closing them");
+    }
+}
+
+/// The protocol a connection speaks, as far as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    Http1,
+    Http2,
+    /// Too few bytes to tell (or none): hyper_util's auto builder decides.
+    Unknown,
+}
+
+/// The HTTP/2 connection preface (RFC 9113, section 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One builder per protocol, and the auto-detecting one.
+struct Builders {
+    builder: auto::Builder<TokioExecutor>,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn pick(&self, speaks: Speaks) -> &auto::Builder<TokioExecutor> {
+        match speaks {
+            Speaks::Http1 => &self.http1,
+            Speaks::Http2 => &self.http2,
+            Speaks::Unknown => &self.builder,
+        }
+    }
+}
+
+/// Tells the protocol of a plaintext connection from its first bytes,
+/// without consuming them. The auto builder would read them itself (up to
+/// the preface's 24 bytes) and replay them to hyper's HTTP/1 parser as a
+/// read of their own; the parser's next read then finds its 8 KiB buffer
+/// 24 bytes short and doubles it, so every HTTP/1 connection would hold a
+/// 16 KiB read buffer for its whole life.
+async fn sniff(stream: &TcpStream) -> std::io::Result<Speaks> {
+    let mut first = [0u8; PREFACE.len()];
+    let seen = stream.peek(&mut first).await?;
+    Ok(speaks(&first[..seen]))
+}
+
+fn speaks(first: &[u8]) -> Speaks {
+    if first.len() == PREFACE.len() && first == PREFACE {
+        Speaks::Http2
+    } else if PREFACE.starts_with(first) {
+        Speaks::Unknown
+    } else {
+        Speaks::Http1
+    }
+}
+
+/// The TLS handshake within `header_read_timeout`, then the connection in
+/// the protocol ALPN chose.
+async fn serve_tls<S>(
+    acceptor: TlsAcceptor,
+    builders: &Builders,
+    stream: TcpStream,
+    service: S,
+    activity: &Activity,
+    limits: &ServerLimits,
+    closing: &CancellationToken,
+) -> Result<(), BoxError>
+where
+    S: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = hyper::Response<ResponseBody>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let speaks = match stream.get_ref().1.alpn_protocol() {
+                Some(b"h2") => Speaks::Http2,
+                Some(b"http/1.1") => Speaks::Http1,
+                _ => Speaks::Unknown,
+            };
+            serve_connection(builders.pick(speaks), stream, service, activity, limits, closing).await
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err("TLS handshake timed out".into()),
     }
 }
 
@@ -168,7 +277,7 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
     tokio::pin!(idle);
@@ -245,4 +354,22 @@ pub struct BindError {
 /// Binds a listener, with a clear error.
 pub async fn bind(address: SocketAddr) -> Result<TcpListener, BindError> {
     TcpListener::bind(address).await.map_err(|source| BindError { address, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_the_protocol_only_when_they_can() {
+        assert_eq!(speaks(PREFACE), Speaks::Http2);
+        assert_eq!(speaks(b"POST /v1/charges HTTP/1.1\r\n"), Speaks::Http1);
+        assert_eq!(speaks(b"G"), Speaks::Http1);
+        assert_eq!(speaks(b"PRX"), Speaks::Http1);
+        // A prefix of the preface (a first segment of "P", say) could be
+        // either: the auto builder reads on until it knows.
+        assert_eq!(speaks(b"P"), Speaks::Unknown);
+        assert_eq!(speaks(&PREFACE[..23]), Speaks::Unknown);
+        assert_eq!(speaks(b""), Speaks::Unknown);
+    }
 }

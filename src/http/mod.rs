@@ -10,6 +10,9 @@
 //! - [`listener`] and [`connection`] — the one accept loop (HTTP/1.1, h2c,
 //!   TLS) with its per-connection limits, for the gateway and every
 //!   internal listener.
+//! - [`head`] — copying a message head out of hyper's read buffer, so a
+//!   head held while a request is in flight does not make its connection
+//!   allocate a second one.
 //! - [`headers`] — the hop-by-hop headers no hop may pass on.
 //! - [`tls`] — rustls on both sides: roots for clients, an acceptor for
 //!   listeners.
@@ -19,6 +22,7 @@
 pub mod body;
 pub mod client;
 pub mod connection;
+pub mod head;
 pub mod headers;
 pub mod listener;
 pub mod request_body;

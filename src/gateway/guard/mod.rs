@@ -105,7 +105,9 @@ pub(super) async fn run<S: Store>(
             answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
         }
         Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
-        Err(e) => attempt.store_down(e, parts, body).await,
+        // Boxed: the store-down path (a whole unguarded forward) is rare,
+        // and inline it would size every guarded request's future.
+        Err(e) => Box::pin(attempt.store_down(e, parts, body)).await,
     };
     (outcome, hashed, response)
 }
