@@ -11,9 +11,11 @@
 //! releases an acquired `begin` itself, and the gateway retries a
 //! `complete` (see `gateway::guard`).
 //!
-//! `WAIT` blocks the connection it is sent on until it returns, so writes
-//! behind it on the shared connection wait too: with the replicas gone,
-//! each write waits out `wait_timeout` in turn (see RELIABILITY.md).
+//! `WAIT` blocks the connection it is sent on until it returns, so every
+//! call behind it on the shared connection waits too, reads included:
+//! with the replicas gone, each write waits out `wait_timeout` in turn
+//! (measured in RELIABILITY.md). A write and its `WAIT` must share a
+//! connection, so only a connection per write in flight would avoid it.
 //!
 //! At start the store warns of each primary (a Cluster's masters each)
 //! with fewer replicas connected than asked; `check-config`, which does
