@@ -18,13 +18,19 @@
 //! own queries then go over TLS too.
 //!
 //! A node is restarted empty (its RDB file removed first: a replica writes
-//! the snapshot of each full sync to disk) and with `replica-priority 0`
+//! the snapshot of each full sync to disk), and no failover may start
 //! until it is in sync. Sentinel would otherwise promote a replica that
 //! has not finished its first sync (it reports no link-down time, so
 //! Sentinel does not skip it): a primary that stops answering for longer
 //! than `down-after-milliseconds` during that window, as a loaded machine
-//! can make it, is failed over to the empty node, and the old primary
-//! then resyncs from it and loses every record.
+//! can make it (seen at 500 ms with three sets side by side on two
+//! cores), is failed over to the empty node, and the old primary then
+//! resyncs from it and loses every record. The operator's remedy,
+//! `replica-priority 0` until in sync, does not suit a test that kills
+//! the primary a moment later: a Sentinel reads a replica's priority only
+//! every 10 s, and one that still sees 0 gives the failover up. So the
+//! harness raises `down-after-milliseconds` on every Sentinel for the
+//! window instead (`SENTINEL SET`, in force at once).
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -49,6 +55,8 @@ pub const SENTINEL_PASSWORD: &str = "sentinel-secret";
 pub const SERVICE: &str = "payments";
 /// How long a failover (or a resync) may take before a test gives up.
 pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the Sentinels wait for a primary that does not answer.
+const DOWN_AFTER_MS: u64 = 1000;
 
 /// A primary, a replica, and maybe three Sentinels.
 pub struct Replicated {
@@ -112,16 +120,18 @@ impl Replicated {
         let dir = TempDir::new("redis-replicated");
         let tls = tls.then(|| Tls::new(&dir));
         let mut this = Self { dir, nodes: Vec::new(), sentinels: Vec::new(), tls };
-        let primary = this.spawn_data(free_port(), None, 100);
+        let primary = this.spawn_data(free_port(), None);
         this.nodes.push(primary);
-        let replica = this.spawn_data(free_port(), Some(this.nodes[0].port), 100);
+        let replica = this.spawn_data(free_port(), Some(this.nodes[0].port));
         this.nodes.push(replica);
         this.wait_in_sync(1);
         this
     }
 
     /// The same, with three Sentinels watching the primary as [`SERVICE`]
-    /// (quorum 2, down after 500 ms).
+    /// (quorum 2, down after 1 s). A failover that found no replica to
+    /// promote is tried again after twice `failover-timeout`, 8 s, within
+    /// [`FAILOVER_TIMEOUT`].
     pub fn start_with_sentinels() -> Self {
         Self::start_sentinels(Self::start_nodes(false))
     }
@@ -159,17 +169,21 @@ impl Replicated {
                 let replicas = ask(&["SENTINEL", "REPLICAS", SERVICE]);
                 let others =
                     matches!(&master, Ok(Resp::Array(f)) if field(f, "num-other-sentinels") == Some("2".into()));
-                // Promotable, too: the priority a restarted node was given
-                // until its sync ended is back to 100 in the Sentinel's view.
                 let healthy = matches!(&replicas, Ok(Resp::Array(all)) if all.iter().any(|r| matches!(r,
                     Resp::Array(f) if field(f, "port") == Some(replica_port.clone())
                         && field(f, "flags") == Some("slave".into())
-                        && field(f, "master-link-status") == Some("ok".into())
-                        && field(f, "slave-priority") == Some("100".into()))));
+                        && field(f, "master-link-status") == Some("ok".into()))));
                 if others && healthy {
                     break;
                 }
-                assert!(Instant::now() < deadline, "sentinel {}: {master:?} {replicas:?}", sentinel.port);
+                if Instant::now() >= deadline {
+                    let log = fs::read_to_string(self.dir.0.join(format!("sentinel-{}.log", sentinel.port)));
+                    panic!(
+                        "sentinel {}: {master:?} {replicas:?}; its log:\n{}",
+                        sentinel.port,
+                        log.unwrap_or_default()
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -177,7 +191,7 @@ impl Replicated {
 
     /// Starts a data node, empty: persistence off, and the RDB file a full
     /// sync of an earlier run on this port left removed.
-    fn spawn_data(&self, port: u16, replica_of: Option<u16>, priority: u32) -> Node {
+    fn spawn_data(&self, port: u16, replica_of: Option<u16>) -> Node {
         let rdb = format!("dump-{port}.rdb");
         let _ = fs::remove_file(self.dir.0.join(&rdb));
         let mut lines = vec![
@@ -189,7 +203,6 @@ impl Replicated {
             "appendonly no".into(),
             format!("requirepass {DATA_PASSWORD}"),
             format!("masterauth {DATA_PASSWORD}"),
-            format!("replica-priority {priority}"),
             // A full sync starts at once, not after the default 5 s.
             "repl-diskless-sync-delay 0".into(),
         ];
@@ -236,8 +249,8 @@ impl Replicated {
              sentinel sentinel-pass {SENTINEL_PASSWORD}\n\
              sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
              sentinel auth-pass {SERVICE} {DATA_PASSWORD}\n\
-             sentinel down-after-milliseconds {SERVICE} 500\n\
-             sentinel failover-timeout {SERVICE} 10000\n",
+             sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
+             sentinel failover-timeout {SERVICE} 4000\n",
             dir = self.dir.0.display()
         );
         for line in self.tls.iter().flat_map(|tls| tls.server_lines(port)) {
@@ -331,14 +344,24 @@ impl Replicated {
     }
 
     /// Starts a killed node again, empty, as a replica of `primary`, and
-    /// waits until it is in sync (as an operator restarts a failed node):
-    /// with `replica-priority 0` until then, so that no failover promotes
-    /// it empty (see the module docs), 100 after.
+    /// waits until it is in sync (as an operator restarts a failed node),
+    /// with no failover possible until then (see the module docs).
     pub fn restart_as_replica(&mut self, node: usize, primary: usize) {
-        let restarted = self.spawn_data(self.nodes[node].port, Some(self.nodes[primary].port), 0);
+        self.set_down_after(60_000);
+        let restarted = self.spawn_data(self.nodes[node].port, Some(self.nodes[primary].port));
         self.nodes[node] = restarted;
         self.wait_in_sync(node);
-        self.query(node, &["CONFIG", "SET", "replica-priority", "100"]);
+        self.set_down_after(DOWN_AFTER_MS);
+    }
+
+    /// `down-after-milliseconds` on every Sentinel, in force at once.
+    fn set_down_after(&self, ms: u64) {
+        let ms = ms.to_string();
+        for sentinel in &self.sentinels {
+            let args = ["SENTINEL", "SET", SERVICE, "down-after-milliseconds", &ms];
+            let set = self.ask(sentinel.port, Some(SENTINEL_PASSWORD), &args);
+            assert!(matches!(&set, Ok(Resp::Simple(ok)) if ok == "OK"), "sentinel {}: {set:?}", sentinel.port);
+        }
     }
 
     /// Waits until a replica's link to its primary is up.
