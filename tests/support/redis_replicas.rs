@@ -298,13 +298,18 @@ impl Replicated {
 
     /// One command to any port of this set, over TLS when the set speaks it.
     fn ask(&self, port: u16, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+        self.ask_all(port, password, &[args])
+    }
+
+    /// Commands on one connection; the last one's reply.
+    fn ask_all(&self, port: u16, password: Option<&str>, commands: &[&[&str]]) -> std::io::Result<Resp> {
+        let stream = connect(port)?;
         match &self.tls {
-            None => query(port, password, args),
+            None => exchange_all(stream, password, commands),
             Some(tls) => {
-                let stream = connect(port)?;
                 let name = ServerName::try_from("127.0.0.1").map_err(std::io::Error::other)?;
                 let tls = ClientConnection::new(tls.client.clone(), name).map_err(std::io::Error::other)?;
-                exchange(StreamOwned::new(tls, stream), password, args)
+                exchange_all(StreamOwned::new(tls, stream), password, commands)
             }
         }
     }
@@ -364,16 +369,29 @@ impl Replicated {
         }
     }
 
-    /// Waits until a replica's link to its primary is up.
+    /// Waits until a replica's link to its primary is up, and the primary
+    /// counts it in a `WAIT` (after a full sync, a replica acknowledges
+    /// only with its first `REPLCONF ACK`).
     pub fn wait_in_sync(&self, replica: usize) {
         let deadline = Instant::now() + FAILOVER_TIMEOUT;
-        loop {
+        let primary = loop {
             let info = self.query(replica, &["INFO", "replication"]).text();
-            if info.lines().any(|l| l.trim() == "master_link_status:up") {
-                return;
+            let port = info.lines().find_map(|l| l.trim().strip_prefix("master_port:")?.parse::<u16>().ok());
+            if let Some(port) = port.filter(|_| info.lines().any(|l| l.trim() == "master_link_status:up")) {
+                break port;
             }
             assert!(Instant::now() < deadline, "replica {replica} not in sync: {info}");
             std::thread::sleep(Duration::from_millis(20));
+        };
+        // A write and its WAIT on one connection; the key goes again.
+        let (set, del) = (["SET", "harness:sync", "x"], ["DEL", "harness:sync"]);
+        let commands: [&[&str]; 3] = [&set, &del, &["WAIT", "1", "1000"]];
+        loop {
+            let acknowledged = self.ask_all(primary, Some(DATA_PASSWORD), &commands);
+            if matches!(acknowledged, Ok(Resp::Int(n)) if n >= 1) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replica {replica} never acknowledged: {acknowledged:?}");
         }
     }
 
@@ -461,7 +479,12 @@ fn connect(port: u16) -> std::io::Result<TcpStream> {
     Ok(stream)
 }
 
-fn exchange(mut stream: impl Read + Write, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+fn exchange(stream: impl Read + Write, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+    exchange_all(stream, password, &[args])
+}
+
+/// Sends commands on one connection; the last one's reply.
+fn exchange_all(mut stream: impl Read + Write, password: Option<&str>, commands: &[&[&str]]) -> std::io::Result<Resp> {
     let mut request = Vec::new();
     let mut pack = |args: &[&str]| {
         request.extend(format!("*{}\r\n", args.len()).bytes());
@@ -472,7 +495,9 @@ fn exchange(mut stream: impl Read + Write, password: Option<&str>, args: &[&str]
     if let Some(password) = password {
         pack(&["AUTH", password]);
     }
-    pack(args);
+    for args in commands {
+        pack(args);
+    }
     stream.write_all(&request)?;
     stream.flush()?;
     let mut reader = BufReader::new(stream);
@@ -481,6 +506,9 @@ fn exchange(mut stream: impl Read + Write, password: Option<&str>, args: &[&str]
             Resp::Simple(ok) if ok == "OK" => {}
             other => return Err(std::io::Error::other(format!("AUTH answered {other:?}"))),
         }
+    }
+    for _ in 1..commands.len() {
+        read(&mut reader)?;
     }
     read(&mut reader)
 }
