@@ -10,6 +10,10 @@
 //! no key runs twice and every re-send is a replay. Without it, the writes
 //! the promoted replica never received are lost, and the re-sends of
 //! those keys run again: the test counts them, and requires some.
+//!
+//! The same once over TLS only (`rediss+sentinel://`, every node and
+//! Sentinel on a TLS port alone, certificates from a CA of the test's own
+//! given as `ca_file=`).
 
 mod support;
 
@@ -19,7 +23,7 @@ use std::time::Duration;
 use idemgate::config::ConfigDuration;
 use support::failover_load::{Figures, keys_through_failovers};
 use support::gateway::{TestGateway, config};
-use support::redis_replicas::Replicated;
+use support::redis_replicas::{DATA_PASSWORD, Replicated, query};
 use support::redis_server::unique_prefix;
 use support::upstream::Upstream;
 
@@ -28,7 +32,14 @@ const FAILOVERS: usize = 3;
 /// Keys stream in while the primary is killed [`FAILOVERS`] times, each
 /// time after its replica fell behind.
 async fn failovers_under_load(options: &str) -> Figures {
-    let mut redis = tokio::task::spawn_blocking(Replicated::start_with_sentinels).await.expect("start redis");
+    let redis = tokio::task::spawn_blocking(Replicated::start_with_sentinels).await.expect("start redis");
+    failovers_of(redis, FAILOVERS, options).await.0
+}
+
+/// Keys stream in through `redis`'s Sentinels while its primary is
+/// killed `rounds` times; the figures, and the node that is primary at
+/// the end.
+async fn failovers_of(mut redis: Replicated, rounds: usize, options: &str) -> (Figures, Replicated, usize) {
     let upstream = Upstream::start().await;
     let store = redis.sentinel_url(&format!("prefix={}&{options}", unique_prefix()));
     let mut config = config(&upstream.url(), &store);
@@ -52,7 +63,8 @@ async fn failovers_under_load(options: &str) -> Figures {
         });
         primary = replica;
     };
-    keys_through_failovers(gateway, &upstream, FAILOVERS, fail_over).await
+    let figures = keys_through_failovers(gateway, &upstream, rounds, fail_over).await;
+    (figures, redis, primary)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -69,4 +81,20 @@ async fn without_wait_replicas_a_failover_to_a_replica_that_fell_behind_runs_key
     eprintln!("sentinel, no wait_replicas, {FAILOVERS} failovers: {figures:?}");
     assert!(figures.second_executions > 0, "the lost writes let re-sends run again: {figures:?}");
     assert!(figures.resends_replayed < figures.keys, "{figures:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_tls_only_a_failover_is_followed_and_with_wait_replicas_no_key_runs_twice() {
+    let redis = tokio::task::spawn_blocking(Replicated::start_tls_with_sentinels).await.expect("start redis");
+    for port in [redis.port(0), redis.port(1), redis.sentinel_port(0)] {
+        let plain = query(port, Some(DATA_PASSWORD), &["PING"]);
+        assert!(plain.is_err(), "port {port} answered a plaintext client: {plain:?}");
+    }
+    let (figures, redis, primary) = failovers_of(redis, 1, "wait_replicas=1").await;
+    eprintln!("sentinel over TLS, wait_replicas=1, 1 failover: {figures:?}");
+    assert_eq!(primary, 1, "the replica was promoted");
+    assert_eq!(figures.second_executions, 0, "{figures:?}");
+    assert_eq!(figures.resends_replayed, figures.keys, "every re-send is a replay: {figures:?}");
+    let held = tokio::task::block_in_place(|| redis.keys(primary));
+    assert_eq!(usize::try_from(held).unwrap(), figures.keys, "the promoted node holds every key's record");
 }

@@ -5,15 +5,22 @@
 //! retried, until it does — or until the lease would lapse, when the
 //! client is answered anyway and that answer is counted. Each count is
 //! taken at the upstream or in the servers, never from timings.
+//!
+//! At start, the gateway binary warns of a primary (or a Cluster master)
+//! with fewer replicas connected than `wait_replicas` asks, naming the
+//! store URL redacted, the numbers, and what follows.
 
 mod support;
 
-use std::time::Duration;
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use idemgate::config::ConfigDuration;
 use support::gateway::{TestGateway, config};
-use support::redis_replicas::{Replicated, Resp};
-use support::redis_server::unique_prefix;
+use support::redis_cluster_replicas::ReplicatedCluster;
+use support::redis_replicas::{DATA_PASSWORD, Replicated, Resp};
+use support::redis_server::{TempDir, free_port, unique_prefix};
 use support::upstream::Upstream;
 
 const CHARGE: &str = r#"{"amount": 500, "currency": "eur"}"#;
@@ -114,4 +121,84 @@ async fn a_complete_never_acknowledged_is_answered_when_the_lease_would_lapse_an
     assert!(metrics.contains("idemgate_unreplicated_answers_total 1"), "{metrics}");
     assert!(metrics.contains("idemgate_settle_abandoned_total 1"), "{metrics}");
     redis.resume(REPLICA);
+}
+
+/// What `idemgate serve --store STORE` logged by the time it listens: the
+/// store is opened, and its start-up checks logged, before it binds.
+fn logged_until_listening(store: &str) -> String {
+    let dir = TempDir::new("gateway-log");
+    let log = dir.0.join("stderr.log");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["serve", "--listen", &addr, "--admin-listen", &admin, "--upstream", "http://127.0.0.1:9"])
+        .args(["--store", store])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("start idemgate serve");
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(&addr).is_err() {
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("idemgate serve did not listen on {addr} ({exited:?}); it said:\n{}", said());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    said()
+}
+
+const TOO_FEW: &str = "fewer replicas connected than wait_replicas asks";
+
+/// Waits until a primary counts `n` replicas connected.
+fn wait_for_connected(info: impl Fn() -> String, n: u32) {
+    let want = format!("connected_slaves:{n}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !info().lines().any(|l| l.trim() == want) {
+        assert!(Instant::now() < deadline, "never {want}: {}", info());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_primary_with_fewer_replicas_than_wait_replicas_is_warned_of_at_start_with_the_url_redacted() {
+    let mut redis = Replicated::start();
+    let port = redis.port(PRIMARY);
+    let held = logged_until_listening(&redis.url(PRIMARY, "wait_replicas=1"));
+    assert!(!held.contains(TOO_FEW), "one replica connected meets wait_replicas=1:\n{held}");
+
+    redis.kill(REPLICA);
+    wait_for_connected(|| redis.query(PRIMARY, &["INFO", "replication"]).text(), 0);
+    let logged = logged_until_listening(&redis.url(PRIMARY, "wait_replicas=1"));
+    let line = logged.lines().find(|l| l.contains(TOO_FEW)).unwrap_or_else(|| panic!("no warning:\n{logged}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("every new key is refused (503) until they connect"), "{line}");
+    assert!(line.contains(&format!("store=redis://:[redacted]@127.0.0.1:{port}/0?wait_replicas=1")), "{line}");
+    assert!(line.contains("connected=0") && line.contains("wait_replicas=1"), "{line}");
+    assert!(!logged.contains(DATA_PASSWORD), "{logged}");
+}
+
+#[test]
+fn a_cluster_master_with_fewer_replicas_than_wait_replicas_is_warned_of_at_start_by_address() {
+    let mut cluster = ReplicatedCluster::start();
+    let held = logged_until_listening(&cluster.url("wait_replicas=1"));
+    assert!(!held.contains(TOO_FEW), "every master has its replica:\n{held}");
+
+    let master = cluster.a_master(&[]);
+    let replica = cluster.replica_of(master);
+    cluster.kill(replica);
+    wait_for_connected(|| cluster.query(master, &["INFO", "replication"]).text(), 0);
+    let logged = logged_until_listening(&cluster.url("wait_replicas=1"));
+    let warned: Vec<&str> = logged.lines().filter(|l| l.contains(TOO_FEW)).collect();
+    assert_eq!(warned.len(), 1, "only the master without its replica:\n{logged}");
+    let line = warned[0];
+    assert!(line.contains(&format!("master=127.0.0.1:{}", cluster.port(master))), "{line}");
+    assert!(line.contains("connected=0") && line.contains("wait_replicas=1"), "{line}");
+    assert!(line.contains("every new key in its slots is refused (503) until they connect"), "{line}");
+    assert!(line.contains("store=redis+cluster://:[redacted]@"), "{line}");
+    assert!(!logged.contains(DATA_PASSWORD), "{logged}");
 }

@@ -197,23 +197,6 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Logs, at start, a `wait_replicas` the primary cannot meet now (a
-    /// Cluster's masters are not asked: each has replicas of its own).
-    async fn warn_if_too_few_replicas(&self, durability: Durability, url: &str) {
-        if let Connection::Cluster(_) = self.connection {
-            return;
-        }
-        let mut info = redis::cmd("INFO");
-        info.arg("replication");
-        let Ok(info) = self.command::<String>(info).await else { return };
-        let connected = info.lines().find_map(|l| l.strip_prefix("connected_slaves:")?.trim().parse::<u32>().ok());
-        if let Some(connected) = connected.filter(|n| *n < durability.replicas) {
-            let url = crate::config::ServiceUrl::new(url).redacted();
-            tracing::warn!(store = %url, connected, wait_replicas = durability.replicas,
-                "the Redis primary has fewer replicas connected than wait_replicas asks: every new key is refused (503) until they connect");
-        }
-    }
-
     /// Seals stored responses with these keys from now on.
     pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
         self.codec = self.codec.sealed(sealer);

@@ -90,6 +90,11 @@ impl ReplicatedCluster {
         format!("redis+cluster://:{DATA_PASSWORD}@{}?{options}", hosts.join(","))
     }
 
+    /// The client port of a node.
+    pub fn port(&self, node: usize) -> u16 {
+        self.nodes[node].port
+    }
+
     pub fn query(&self, node: usize, args: &[&str]) -> Resp {
         query(self.nodes[node].port, Some(DATA_PASSWORD), args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }

@@ -11,14 +11,40 @@
 //! from then on never reach it; [`Replicated::kill`] SIGKILLs a node; the
 //! Sentinels then promote the replica that fell behind, losing those
 //! writes, as a real failover after a lagging replica does.
+//!
+//! [`Replicated::start_tls_with_sentinels`] starts the same set TLS-only
+//! (`port 0`, `tls-port`, `tls-replication yes`, certificates from a CA of
+//! the test's own), so a plaintext client reaches nothing; the harness's
+//! own queries then go over TLS too.
+//!
+//! A node is restarted empty (its RDB file removed first: a replica writes
+//! the snapshot of each full sync to disk), and no failover may start
+//! until it is in sync. Sentinel would otherwise promote a replica that
+//! has not finished its first sync (it reports no link-down time, so
+//! Sentinel does not skip it): a primary that stops answering for longer
+//! than `down-after-milliseconds` during that window, as a loaded machine
+//! can make it (seen at 500 ms with three sets side by side on two
+//! cores), is failed over to the empty node, and the old primary then
+//! resyncs from it and loses every record. The operator's remedy,
+//! `replica-priority 0` until in sync, does not suit a test that kills
+//! the primary a moment later: a Sentinel reads a replica's priority only
+//! every 10 s, and one that still sees 0 gives the failover up. So the
+//! harness raises `down-after-milliseconds` on every Sentinel for the
+//! window instead (`SENTINEL SET`, in force at once).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::redis_server::{START_TIMEOUT, TempDir, free_port, kill, spawn_server};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConnection, StreamOwned};
+
+use super::postgres_tls::{SERVER_NAMES, TestCa};
+use super::redis_server::{START_TIMEOUT, TempDir, free_port, kill};
 use super::services::stop_when_this_process_exits;
 
 /// The data nodes' password.
@@ -29,12 +55,54 @@ pub const SENTINEL_PASSWORD: &str = "sentinel-secret";
 pub const SERVICE: &str = "payments";
 /// How long a failover (or a resync) may take before a test gives up.
 pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the Sentinels wait for a primary that does not answer.
+const DOWN_AFTER_MS: u64 = 1000;
 
 /// A primary, a replica, and maybe three Sentinels.
 pub struct Replicated {
     dir: TempDir,
     nodes: Vec<Node>,
     sentinels: Vec<Node>,
+    tls: Option<Tls>,
+}
+
+/// TLS for every node and Sentinel: one certificate for 127.0.0.1 issued
+/// by a CA of the test's own, and the harness's client config.
+struct Tls {
+    ca_file: PathBuf,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl Tls {
+    fn new(dir: &TempDir) -> Self {
+        let ca = TestCa::new("idemgate redis test CA");
+        let (cert, key) = ca.issue(&SERVER_NAMES);
+        let write = |name: &str, pem: &str| {
+            let path = dir.0.join(name);
+            fs::write(&path, pem).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            path
+        };
+        let (ca_file, cert_file, key_file) =
+            (write("ca.pem", &ca.pem), write("node.crt", &cert), write("node.key", &key));
+        let client = idemgate::http::tls::client_config(Some(&ca_file)).expect("a client config trusting the test CA");
+        Self { ca_file, cert_file, key_file, client: Arc::new(client) }
+    }
+
+    /// The server side of a node's or a Sentinel's TLS, as config lines.
+    fn server_lines(&self, port: u16) -> Vec<String> {
+        vec![
+            "port 0".into(),
+            format!("tls-port {port}"),
+            format!("tls-cert-file {}", self.cert_file.display()),
+            format!("tls-key-file {}", self.key_file.display()),
+            format!("tls-ca-cert-file {}", self.ca_file.display()),
+            "tls-auth-clients no".into(),
+            // Replicas to their primary, Sentinels to everyone: TLS too.
+            "tls-replication yes".into(),
+        ]
+    }
 }
 
 struct Node {
@@ -45,8 +113,13 @@ struct Node {
 impl Replicated {
     /// A primary (node 0) and its replica (node 1), in sync.
     pub fn start() -> Self {
+        Self::start_nodes(false)
+    }
+
+    fn start_nodes(tls: bool) -> Self {
         let dir = TempDir::new("redis-replicated");
-        let mut this = Self { dir, nodes: Vec::new(), sentinels: Vec::new() };
+        let tls = tls.then(|| Tls::new(&dir));
+        let mut this = Self { dir, nodes: Vec::new(), sentinels: Vec::new(), tls };
         let primary = this.spawn_data(free_port(), None);
         this.nodes.push(primary);
         let replica = this.spawn_data(free_port(), Some(this.nodes[0].port));
@@ -56,9 +129,24 @@ impl Replicated {
     }
 
     /// The same, with three Sentinels watching the primary as [`SERVICE`]
-    /// (quorum 2, down after 500 ms).
+    /// (quorum 2, down after 1 s). A failover that found no replica to
+    /// promote is tried again after twice `failover-timeout`, 8 s, within
+    /// [`FAILOVER_TIMEOUT`].
     pub fn start_with_sentinels() -> Self {
-        let mut this = Self::start();
+        Self::start_sentinels(Self::start_nodes(false))
+    }
+
+    /// The same, TLS-only: data nodes, replication and Sentinels.
+    pub fn start_tls_with_sentinels() -> Self {
+        Self::start_sentinels(Self::start_nodes(true))
+    }
+
+    /// The CA that issued every node's certificate (TLS sets only).
+    pub fn ca_file(&self) -> PathBuf {
+        self.tls.as_ref().expect("started with TLS").ca_file.clone()
+    }
+
+    fn start_sentinels(mut this: Self) -> Self {
         for _ in 0..3 {
             let sentinel = this.spawn_sentinel(free_port());
             this.sentinels.push(sentinel);
@@ -76,7 +164,7 @@ impl Replicated {
         let replica_port = self.nodes[replica].port.to_string();
         for sentinel in &self.sentinels {
             loop {
-                let ask = |args: &[&str]| query(sentinel.port, Some(SENTINEL_PASSWORD), args);
+                let ask = |args: &[&str]| self.ask(sentinel.port, Some(SENTINEL_PASSWORD), args);
                 let master = ask(&["SENTINEL", "MASTER", SERVICE]);
                 let replicas = ask(&["SENTINEL", "REPLICAS", SERVICE]);
                 let others =
@@ -88,59 +176,114 @@ impl Replicated {
                 if others && healthy {
                     break;
                 }
-                assert!(Instant::now() < deadline, "sentinel {}: {master:?} {replicas:?}", sentinel.port);
+                if Instant::now() >= deadline {
+                    let log = fs::read_to_string(self.dir.0.join(format!("sentinel-{}.log", sentinel.port)));
+                    panic!(
+                        "sentinel {}: {master:?} {replicas:?}; its log:\n{}",
+                        sentinel.port,
+                        log.unwrap_or_default()
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
 
+    /// Starts a data node, empty: persistence off, and the RDB file a full
+    /// sync of an earlier run on this port left removed.
     fn spawn_data(&self, port: u16, replica_of: Option<u16>) -> Node {
-        let primary_port = replica_of.map(|p| p.to_string());
-        let mut args = vec!["--requirepass", DATA_PASSWORD, "--masterauth", DATA_PASSWORD];
-        if let Some(primary_port) = &primary_port {
-            args.extend(["--replicaof", "127.0.0.1", primary_port]);
+        let rdb = format!("dump-{port}.rdb");
+        let _ = fs::remove_file(self.dir.0.join(&rdb));
+        let mut lines = vec![
+            "bind 127.0.0.1".to_string(),
+            format!("port {port}"),
+            format!("dir {}", self.dir.0.display()),
+            format!("dbfilename {rdb}"),
+            "save \"\"".into(),
+            "appendonly no".into(),
+            format!("requirepass {DATA_PASSWORD}"),
+            format!("masterauth {DATA_PASSWORD}"),
+            // A full sync starts at once, not after the default 5 s.
+            "repl-diskless-sync-delay 0".into(),
+        ];
+        if let Some(primary) = replica_of {
+            lines.push(format!("replicaof 127.0.0.1 {primary}"));
         }
-        let child = spawn_server(port, &self.dir.0, &args).unwrap_or_else(|e| panic!("redis-server: {e}"));
-        stop_when_this_process_exits(child.id(), "KILL", &self.dir.0);
+        lines.extend(self.tls.iter().flat_map(|tls| tls.server_lines(port)));
+        let config = self.dir.0.join(format!("redis-{port}.conf"));
+        fs::write(&config, lines.join("\n") + "\n").expect("write a redis config");
+        let child = self.spawn(port, &config, &[], DATA_PASSWORD, &format!("redis-{port}.log"));
         Node { port, child: Some(child) }
+    }
+
+    /// Runs `redis-server CONFIG ARGS…` and waits until it answers `PING`
+    /// (over TLS for a TLS set).
+    fn spawn(&self, port: u16, config: &std::path::Path, args: &[&str], password: &str, log: &str) -> Child {
+        let log_path = self.dir.0.join(log);
+        let log = fs::File::create(&log_path).expect("create a server log");
+        let mut child = Command::new("redis-server")
+            .arg(config)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone a file handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start redis-server (Debian: apt-get install redis-server): {e}"));
+        stop_when_this_process_exits(child.id(), "KILL", &self.dir.0);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.ask(port, Some(password), &["PING"]).ok() != Some(Resp::Simple("PONG".into())) {
+            if child.try_wait().ok().flatten().is_some() || Instant::now() >= deadline {
+                kill(child);
+                panic!("redis-server on {port} did not start:\n{}", fs::read_to_string(&log_path).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
     }
 
     fn spawn_sentinel(&self, port: u16) -> Node {
         let config = self.dir.0.join(format!("sentinel-{port}.conf"));
         let primary = self.nodes[0].port;
-        let text = format!(
+        let mut text = format!(
             "port {port}\nbind 127.0.0.1\ndir {dir}\nrequirepass {SENTINEL_PASSWORD}\n\
              sentinel sentinel-pass {SENTINEL_PASSWORD}\n\
              sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
              sentinel auth-pass {SERVICE} {DATA_PASSWORD}\n\
-             sentinel down-after-milliseconds {SERVICE} 500\n\
-             sentinel failover-timeout {SERVICE} 10000\n",
+             sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
+             sentinel failover-timeout {SERVICE} 4000\n",
             dir = self.dir.0.display()
         );
-        fs::write(&config, text).expect("write a sentinel config");
-        let log = fs::File::create(self.dir.0.join(format!("sentinel-{port}.log"))).expect("create a sentinel log");
-        let child = Command::new("redis-server")
-            .arg(&config)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone a file handle"))
-            .stderr(log)
-            .spawn()
-            .expect("start redis-server --sentinel");
-        stop_when_this_process_exits(child.id(), "KILL", &self.dir.0);
-        let deadline = Instant::now() + START_TIMEOUT;
-        while query(port, Some(SENTINEL_PASSWORD), &["PING"]).ok() != Some(Resp::Simple("PONG".into())) {
-            assert!(Instant::now() < deadline, "sentinel on {port} did not start");
-            std::thread::sleep(Duration::from_millis(20));
+        for line in self.tls.iter().flat_map(|tls| tls.server_lines(port)) {
+            text.push_str(&line);
+            text.push('\n');
         }
+        fs::write(&config, text).expect("write a sentinel config");
+        let child = self.spawn(port, &config, &["--sentinel"], SENTINEL_PASSWORD, &format!("sentinel-{port}.log"));
         Node { port, child: Some(child) }
     }
 
     /// The store URL: `redis+sentinel://:DATA@s1,s2,s3/SERVICE/0?sentinel_password=…&…`.
+    /// A TLS set's is `rediss+sentinel://…&ca_file=<the test CA>&…`.
     pub fn sentinel_url(&self, options: &str) -> String {
         let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
         let hosts = hosts.join(",");
-        format!("redis+sentinel://:{DATA_PASSWORD}@{hosts}/{SERVICE}/0?sentinel_password={SENTINEL_PASSWORD}&{options}")
+        let (scheme, ca) = match &self.tls {
+            Some(tls) => ("rediss", format!("&ca_file={}", tls.ca_file.display())),
+            None => ("redis", String::new()),
+        };
+        format!(
+            "{scheme}+sentinel://:{DATA_PASSWORD}@{hosts}/{SERVICE}/0?sentinel_password={SENTINEL_PASSWORD}{ca}&{options}"
+        )
+    }
+
+    /// The port of a data node.
+    pub fn port(&self, node: usize) -> u16 {
+        self.nodes[node].port
+    }
+
+    /// The port of a Sentinel.
+    pub fn sentinel_port(&self, sentinel: usize) -> u16 {
+        self.sentinels[sentinel].port
     }
 
     /// `redis://:DATA@127.0.0.1:<port of node>/0?…`.
@@ -150,7 +293,25 @@ impl Replicated {
 
     /// Sends one command to a data node.
     pub fn query(&self, node: usize, args: &[&str]) -> Resp {
-        query(self.nodes[node].port, Some(DATA_PASSWORD), args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        self.ask(self.nodes[node].port, Some(DATA_PASSWORD), args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// One command to any port of this set, over TLS when the set speaks it.
+    fn ask(&self, port: u16, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+        self.ask_all(port, password, &[args])
+    }
+
+    /// Commands on one connection; the last one's reply.
+    fn ask_all(&self, port: u16, password: Option<&str>, commands: &[&[&str]]) -> std::io::Result<Resp> {
+        let stream = connect(port)?;
+        match &self.tls {
+            None => exchange_all(stream, password, commands),
+            Some(tls) => {
+                let name = ServerName::try_from("127.0.0.1").map_err(std::io::Error::other)?;
+                let tls = ClientConnection::new(tls.client.clone(), name).map_err(std::io::Error::other)?;
+                exchange_all(StreamOwned::new(tls, stream), password, commands)
+            }
+        }
     }
 
     /// Cuts the replica off its primary: writes from now on do not reach
@@ -188,23 +349,49 @@ impl Replicated {
     }
 
     /// Starts a killed node again, empty, as a replica of `primary`, and
-    /// waits until it is in sync (as an operator restarts a failed node).
+    /// waits until it is in sync (as an operator restarts a failed node),
+    /// with no failover possible until then (see the module docs).
     pub fn restart_as_replica(&mut self, node: usize, primary: usize) {
+        self.set_down_after(60_000);
         let restarted = self.spawn_data(self.nodes[node].port, Some(self.nodes[primary].port));
         self.nodes[node] = restarted;
         self.wait_in_sync(node);
+        self.set_down_after(DOWN_AFTER_MS);
     }
 
-    /// Waits until a replica's link to its primary is up.
+    /// `down-after-milliseconds` on every Sentinel, in force at once.
+    fn set_down_after(&self, ms: u64) {
+        let ms = ms.to_string();
+        for sentinel in &self.sentinels {
+            let args = ["SENTINEL", "SET", SERVICE, "down-after-milliseconds", &ms];
+            let set = self.ask(sentinel.port, Some(SENTINEL_PASSWORD), &args);
+            assert!(matches!(&set, Ok(Resp::Simple(ok)) if ok == "OK"), "sentinel {}: {set:?}", sentinel.port);
+        }
+    }
+
+    /// Waits until a replica's link to its primary is up, and the primary
+    /// counts it in a `WAIT` (after a full sync, a replica acknowledges
+    /// only with its first `REPLCONF ACK`).
     pub fn wait_in_sync(&self, replica: usize) {
         let deadline = Instant::now() + FAILOVER_TIMEOUT;
-        loop {
+        let primary = loop {
             let info = self.query(replica, &["INFO", "replication"]).text();
-            if info.lines().any(|l| l.trim() == "master_link_status:up") {
-                return;
+            let port = info.lines().find_map(|l| l.trim().strip_prefix("master_port:")?.parse::<u16>().ok());
+            if let Some(port) = port.filter(|_| info.lines().any(|l| l.trim() == "master_link_status:up")) {
+                break port;
             }
             assert!(Instant::now() < deadline, "replica {replica} not in sync: {info}");
             std::thread::sleep(Duration::from_millis(20));
+        };
+        // A write and its WAIT on one connection; the key goes again.
+        let (set, del) = (["SET", "harness:sync", "x"], ["DEL", "harness:sync"]);
+        let commands: [&[&str]; 3] = [&set, &del, &["WAIT", "1", "1000"]];
+        loop {
+            let acknowledged = self.ask_all(primary, Some(DATA_PASSWORD), &commands);
+            if matches!(acknowledged, Ok(Resp::Int(n)) if n >= 1) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replica {replica} never acknowledged: {acknowledged:?}");
         }
     }
 
@@ -215,7 +402,7 @@ impl Replicated {
         for sentinel in &self.sentinels {
             loop {
                 let named =
-                    query(sentinel.port, Some(SENTINEL_PASSWORD), &["SENTINEL", "get-master-addr-by-name", SERVICE]);
+                    self.ask(sentinel.port, Some(SENTINEL_PASSWORD), &["SENTINEL", "get-master-addr-by-name", SERVICE]);
                 if let Ok(Resp::Array(address)) = &named
                     && address.get(1) == Some(&Resp::Bulk(want.clone()))
                 {
@@ -282,8 +469,22 @@ impl Resp {
 
 /// Sends one command (after `AUTH`, with a password) on a new connection.
 pub fn query(port: u16, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    exchange(connect(port)?, password, args)
+}
+
+fn connect(port: u16) -> std::io::Result<TcpStream> {
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    Ok(stream)
+}
+
+fn exchange(stream: impl Read + Write, password: Option<&str>, args: &[&str]) -> std::io::Result<Resp> {
+    exchange_all(stream, password, &[args])
+}
+
+/// Sends commands on one connection; the last one's reply.
+fn exchange_all(mut stream: impl Read + Write, password: Option<&str>, commands: &[&[&str]]) -> std::io::Result<Resp> {
     let mut request = Vec::new();
     let mut pack = |args: &[&str]| {
         request.extend(format!("*{}\r\n", args.len()).bytes());
@@ -294,14 +495,20 @@ pub fn query(port: u16, password: Option<&str>, args: &[&str]) -> std::io::Resul
     if let Some(password) = password {
         pack(&["AUTH", password]);
     }
-    pack(args);
+    for args in commands {
+        pack(args);
+    }
     stream.write_all(&request)?;
+    stream.flush()?;
     let mut reader = BufReader::new(stream);
     if password.is_some() {
         match read(&mut reader)? {
             Resp::Simple(ok) if ok == "OK" => {}
             other => return Err(std::io::Error::other(format!("AUTH answered {other:?}"))),
         }
+    }
+    for _ in 1..commands.len() {
+        read(&mut reader)?;
     }
     read(&mut reader)
 }

@@ -11,17 +11,25 @@
 //! releases an acquired `begin` itself, and the gateway retries a
 //! `complete` (see `gateway::guard`).
 //!
-//! `WAIT` blocks the connection it is sent on until it returns, so writes
-//! behind it on the shared connection wait too: with the replicas gone,
-//! each write waits out `wait_timeout` in turn (see RELIABILITY.md).
+//! `WAIT` blocks the connection it is sent on until it returns, so every
+//! call behind it on the shared connection waits too, reads included:
+//! with the replicas gone, each write waits out `wait_timeout` in turn
+//! (measured in RELIABILITY.md). A write and its `WAIT` must share a
+//! connection, so only a connection per write in flight would avoid it.
+//!
+//! At start the store warns of each primary (a Cluster's masters each)
+//! with fewer replicas connected than asked; `check-config`, which does
+//! not connect, warns of what the URL alone shows
+//! ([`durability_warnings`]).
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
-use super::millis;
 use super::options::{Durability, Options, Topology};
+use super::{Connection, RedisStore, millis, readiness};
+use crate::config::ServiceUrl;
 use crate::store::StoreError;
 
 /// Runs `write` (an `EVALSHA` of `script`) and then `WAIT`, in one
@@ -58,6 +66,47 @@ pub(super) async fn write_then_wait(
 /// The error for a write that fewer replicas than asked acknowledged.
 pub(super) fn unreplicated(acknowledged: i64, durability: Durability) -> StoreError {
     StoreError::Unreplicated { acknowledged, wanted: durability.replicas, timeout: durability.timeout }
+}
+
+impl RedisStore {
+    /// Logs, at start, every primary (the one, or each Cluster master the
+    /// slot map names) with fewer replicas connected than `wait_replicas`
+    /// asks: until they connect, every new key it would hold is refused.
+    /// A primary that cannot be asked is not warned of here: `open` has
+    /// already logged that the store is not ready.
+    pub(super) async fn warn_if_too_few_replicas(&self, durability: Durability, url: &str) {
+        let primaries = match &self.connection {
+            Connection::Cluster(cluster) => {
+                let asked = self.within_timeout(readiness::replication_of_masters(&mut cluster.clone())).await;
+                let Ok(masters) = asked else { return };
+                masters.into_iter().map(|(address, info)| (Some(address), info)).collect()
+            }
+            Connection::Single(_) | Connection::Sentinel(_) => {
+                let mut info = redis::cmd("INFO");
+                info.arg("replication");
+                let Ok(info) = self.command::<String>(info).await else { return };
+                vec![(None, info)]
+            }
+        };
+        let url = ServiceUrl::new(url).redacted();
+        let wanted = durability.replicas;
+        for (master, info) in primaries {
+            let Some(connected) = connected_replicas(&info).filter(|n| *n < wanted) else { continue };
+            match master {
+                None => tracing::warn!(store = %url, connected, wait_replicas = wanted,
+                    "the Redis primary has fewer replicas connected than wait_replicas asks: \
+                     every new key is refused (503) until they connect"),
+                Some(master) => tracing::warn!(store = %url, %master, connected, wait_replicas = wanted,
+                    "a Redis Cluster master has fewer replicas connected than wait_replicas asks: \
+                     every new key in its slots is refused (503) until they connect"),
+            }
+        }
+    }
+}
+
+/// `connected_slaves` of an `INFO replication` reply.
+fn connected_replicas(info: &str) -> Option<u32> {
+    info.lines().find_map(|l| l.strip_prefix("connected_slaves:")?.trim().parse().ok())
 }
 
 /// What `check-config` warns of in a Redis store URL: a durability

@@ -1,5 +1,6 @@
 //! Readiness of a Redis Cluster: every slot has a master, and every master
-//! answers.
+//! answers. The same walk over the masters reads each one's `INFO
+//! replication` for the start-up `wait_replicas` check (`durability`).
 //!
 //! A `PING` through the redis crate already goes to all masters, but that
 //! fan-out leaves out a master it holds no connection to and sends a failed
@@ -19,7 +20,7 @@
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{RedisError, Value};
+use redis::{Cmd, FromRedisValue, RedisError, Value};
 
 /// Slots in a Redis Cluster.
 const SLOTS: i64 = 16384;
@@ -74,23 +75,50 @@ pub(super) enum Endpoint {
 /// one `CLUSTER SLOTS` and then one `PING` per master (the caller bounds
 /// the whole check by the store timeout).
 pub(super) async fn every_master_answers(connection: &mut ClusterConnection) -> Result<(), Unready> {
+    for master in slot_map_masters(connection).await? {
+        let Endpoint::At { host, port } = master else { continue };
+        ask_master(connection, host, port, redis::cmd("PING")).await?;
+    }
+    Ok(())
+}
+
+/// `INFO replication` of every master the slot map names, with its
+/// `host:port`: one `CLUSTER SLOTS`, then one call per master.
+pub(super) async fn replication_of_masters(
+    connection: &mut ClusterConnection,
+) -> Result<Vec<(String, String)>, Unready> {
+    let mut infos = Vec::new();
+    for master in slot_map_masters(connection).await? {
+        let Endpoint::At { host, port } = master else { continue };
+        let address = format!("{host}:{port}");
+        let reply = ask_master(connection, host, port, redis::cmd("INFO").arg("replication").clone()).await?;
+        let info = String::from_redis_value(reply).map_err(|_| Unready::Malformed("INFO answered otherwise"))?;
+        infos.push((address, info));
+    }
+    Ok(infos)
+}
+
+/// The masters of the slot map one node answers with ([`masters`]).
+async fn slot_map_masters(connection: &mut ClusterConnection) -> Result<Vec<Endpoint>, Unready> {
     let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
     let reply = connection
         .route_command(redis::cmd("CLUSTER").arg("SLOTS").clone(), random)
         .await
         .and_then(Value::extract_error)
         .map_err(Unready::SlotMap)?;
-    for master in masters(reply)? {
-        let Endpoint::At { host, port } = master else { continue };
-        let address = format!("{host}:{port}");
-        let by_address = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-        connection
-            .route_command(redis::cmd("PING"), by_address)
-            .await
-            .and_then(Value::extract_error)
-            .map_err(|source| Unready::Silent { address, source })?;
-    }
-    Ok(())
+    masters(reply)
+}
+
+/// One command to the master at `host:port`, which the crate never sends
+/// elsewhere.
+async fn ask_master(connection: &mut ClusterConnection, host: String, port: u16, cmd: Cmd) -> Result<Value, Unready> {
+    let address = format!("{host}:{port}");
+    let by_address = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+    connection
+        .route_command(cmd, by_address)
+        .await
+        .and_then(Value::extract_error)
+        .map_err(|source| Unready::Silent { address, source })
 }
 
 /// The masters a `CLUSTER SLOTS` reply names, each once, after checking
