@@ -29,6 +29,12 @@ use support::upstream::Upstream;
 
 const FAILOVERS: usize = 3;
 
+/// One failover test at a time: each runs five Redis processes and a
+/// stream of requests, and a Sentinel starved of CPU for its
+/// down-after period takes a busy primary for dead and fails over on its
+/// own (seen with the three tests at once on a loaded 2-core machine).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Keys stream in while the primary is killed [`FAILOVERS`] times, each
 /// time after its replica fell behind.
 async fn failovers_under_load(options: &str) -> Figures {
@@ -69,6 +75,7 @@ async fn failovers_of(mut redis: Replicated, rounds: usize, options: &str) -> (F
 
 #[tokio::test(flavor = "multi_thread")]
 async fn with_wait_replicas_no_key_runs_twice_across_failovers_to_replicas_that_fell_behind() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let figures = failovers_under_load("wait_replicas=1").await;
     eprintln!("sentinel, wait_replicas=1, {FAILOVERS} failovers: {figures:?}");
     assert_eq!(figures.second_executions, 0, "{figures:?}");
@@ -77,6 +84,7 @@ async fn with_wait_replicas_no_key_runs_twice_across_failovers_to_replicas_that_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_wait_replicas_a_failover_to_a_replica_that_fell_behind_runs_keys_twice() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let figures = failovers_under_load("").await;
     eprintln!("sentinel, no wait_replicas, {FAILOVERS} failovers: {figures:?}");
     assert!(figures.second_executions > 0, "the lost writes let re-sends run again: {figures:?}");
@@ -85,6 +93,7 @@ async fn without_wait_replicas_a_failover_to_a_replica_that_fell_behind_runs_key
 
 #[tokio::test(flavor = "multi_thread")]
 async fn over_tls_only_a_failover_is_followed_and_with_wait_replicas_no_key_runs_twice() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let redis = tokio::task::spawn_blocking(Replicated::start_tls_with_sentinels).await.expect("start redis");
     for port in [redis.port(0), redis.port(1), redis.sentinel_port(0)] {
         let plain = query(port, Some(DATA_PASSWORD), &["PING"]);
