@@ -62,24 +62,8 @@ backoff_max = "200ms"
     )
 }
 
-/// One HTTP/1.1 request; the status and body (`(0, "")` when nothing answers).
-fn http(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = TcpStream::connect(addr) else { return (0, String::new()) };
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-    );
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
-}
-
 async fn request(addr: SocketAddr, method: &'static str, path: &'static str, headers: String) -> (u16, String) {
-    tokio::task::spawn_blocking(move || http(addr, method, path, &headers)).await.unwrap()
+    tokio::task::spawn_blocking(move || support::raw_http::request(addr, method, path, &headers, "{}")).await.unwrap()
 }
 
 /// Waits (bounded) until `check` holds, quoting `log` if it never does.

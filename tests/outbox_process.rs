@@ -182,14 +182,7 @@ async fn a_relay_killed_and_restarted_mid_run_causes_each_effect_exactly_once() 
 
 /// A plain HTTP/1.1 GET, with a bearer token or not; returns the status and body.
 fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+    support::raw_http::request(addr, "GET", path, &token.map(support::raw_http::bearer).unwrap_or_default(), "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -91,18 +91,7 @@ timeout = "30s"
 
 /// One HTTP/1.1 request to the admin listener with the token; the status and body.
 fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = TcpStream::connect(addr) else { return (0, String::new()) };
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+    support::raw_http::request(addr, method, path, &support::raw_http::bearer(TOKEN), "")
 }
 
 /// Waits (bounded) until every key in `seen` has at least `attempts` requests, `keys` keys in all.

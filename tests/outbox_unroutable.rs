@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use support::postgres::TestSchema;
@@ -40,17 +40,7 @@ reap_interval = "200ms"
 
 /// A plain HTTP/1.1 GET with the admin token; the status and body.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = TcpStream::connect(addr) else { return (0, String::new()) };
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+    support::raw_http::request(addr, "GET", path, &support::raw_http::bearer(TOKEN), "")
 }
 
 /// Waits (bounded) until `path` on the relay's admin listener answers a body containing `wanted`.

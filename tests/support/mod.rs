@@ -13,6 +13,7 @@ pub mod pgbouncer;
 pub mod postgres;
 pub mod postgres_server;
 pub mod postgres_tls;
+pub mod raw_http;
 pub mod redis_cluster_replicas;
 pub mod redis_replicas;
 pub mod redis_server;
