@@ -151,13 +151,7 @@ pub(super) async fn destinations(
             "oldest_ready_age_seconds": b.oldest_ready_age.as_secs(),
         })
     };
-    let empty = |name: &String| census::Backlog {
-        destination: name.clone(),
-        ready: 0,
-        leased: 0,
-        dead: 0,
-        oldest_ready_age: Duration::ZERO,
-    };
+    let empty = |name: &String| census::Backlog { destination: name.clone(), ..Default::default() };
     let listed: Vec<serde_json::Value> = configured
         .iter()
         .map(|name| match census.configured.iter().find(|b| &b.destination == name) {

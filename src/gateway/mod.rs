@@ -54,7 +54,9 @@ pub(crate) enum StoreOp {
 }
 
 impl StoreOp {
-    const COUNT: usize = 5;
+    /// Every operation, in declaration order (`op as usize` is its slot).
+    const ALL: [Self; 5] = [Self::Begin, Self::Renew, Self::Complete, Self::Release, Self::Get];
+    const COUNT: usize = Self::ALL.len();
 
     fn as_str(self) -> &'static str {
         match self {
@@ -250,10 +252,13 @@ impl<S: Store> Gateway<S> {
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
-        // Kept for the log line (32 bytes); the header goes upstream unchanged.
-        let trace =
-            request.headers().get(&TRACEPARENT).and_then(|v| crate::http::trace_context::trace_id(v.as_bytes()));
-        let trace: Option<[u8; 32]> = trace.and_then(|id| id.as_bytes().try_into().ok());
+        // Kept for the log line (32 bytes), read only when the line will be
+        // written; the header goes upstream unchanged.
+        let trace: Option<[u8; 32]> = tracing::enabled!(tracing::Level::INFO)
+            .then(|| request.headers().get(&TRACEPARENT))
+            .flatten()
+            .and_then(|v| crate::http::trace_context::trace_id(v.as_bytes()))
+            .and_then(|id| id.as_bytes().try_into().ok());
         let at = (started, trace);
         if let Err(problem) = self.check_head(&request) {
             return self.log(None, Disposition::BadHead, None, at, problem.to_response());
@@ -402,5 +407,21 @@ impl<S: Store> Gateway<S> {
             }
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreOp;
+
+    #[test]
+    fn every_store_operation_has_its_own_metric_slot() {
+        for (slot, op) in StoreOp::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, slot, "{}", op.as_str());
+            // Exhaustive: a new operation fails to compile here; give it a slot in ALL too.
+            match op {
+                StoreOp::Begin | StoreOp::Renew | StoreOp::Complete | StoreOp::Release | StoreOp::Get => {}
+            }
+        }
     }
 }

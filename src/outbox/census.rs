@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use super::{Database, OutboxError};
 
-/// One destination's rows.
-#[derive(Debug, Clone, PartialEq)]
+/// One destination's rows (`Default`: none).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Backlog {
     /// The destination.
     pub destination: String,
