@@ -13,7 +13,9 @@
 //!    per-connection limits, hop-by-hop headers, TLS), [`postgres`] (the
 //!    pool, schema name, `sslmode`, migrations), [`metrics`] (the
 //!    Prometheus set), [`lease`] (holding a lease while work runs, settling
-//!    before it lapses) and [`escape`] (outside text made safe for a log line).
+//!    before it lapses), [`log_sink`] (the process's log output: one
+//!    buffer, one writer thread) and [`escape`] (outside text made safe for
+//!    a log line).
 //! 4. The domain rooms: [`store`] (the [`store::Store`] trait and its
 //!    backends — embedded memory, Redis, Redis Cluster, Postgres — held to
 //!    one conformance suite), [`gateway`] (the reverse proxy: routing, the
@@ -39,6 +41,7 @@ pub mod gateway;
 pub mod http;
 pub mod idempotency;
 pub mod lease;
+pub mod log_sink;
 pub mod metrics;
 pub mod outbox;
 pub mod postgres;

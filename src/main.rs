@@ -185,7 +185,7 @@ fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Serve(args) => {
             let config = args.load()?;
-            idemgate::app::init_logging(&config);
+            let _flush = idemgate::app::init_logging(&config);
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
@@ -215,7 +215,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Demo(args) => runtime.block_on(async {
             let toy = idemgate::demo::start_toy_payments().await.map_err(|e| e.to_string())?;
             let config = args.load(toy)?;
-            idemgate::app::init_logging(&config);
+            let _flush = idemgate::app::init_logging(&config);
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
@@ -235,7 +235,7 @@ fn run(command: Command) -> Result<(), String> {
         }),
         Command::Relay(args) => {
             let config = args.database.load_with(args.admin_listen)?;
-            idemgate::app::init_logging(&config);
+            let _flush = idemgate::app::init_logging(&config);
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }

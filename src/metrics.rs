@@ -85,6 +85,8 @@ impl Metrics {
             registry.register(Box::new(metric.clone())).expect("unique metric name");
             metric
         };
+        // The log sink's own counter, one per process.
+        registry.register(Box::new(crate::log_sink::DROPPED.clone())).expect("unique metric name");
         Self {
             requests: counter_vec("idemgate_requests_total", "Requests by route and outcome.", &["route", "outcome"]),
             upstream_latency: histogram_vec(

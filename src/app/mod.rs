@@ -21,6 +21,7 @@ use crate::gateway::Gateway;
 use crate::gateway::request_log::{self, LineFormat};
 use crate::gateway::server;
 use crate::http::listener::{ServerLimits, bind};
+use crate::log_sink;
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
 
@@ -160,21 +161,28 @@ pub fn limits(config: &Config) -> ServerLimits {
 
 /// Installs the log subscriber: `RUST_LOG` wins over `log.level`. Text
 /// logs are coloured only on a terminal, and never with `NO_COLOR` set.
-pub fn init_logging(config: &Config) {
+/// Lines go to stderr through the process's log buffer
+/// ([`log_sink`]); hold the returned guard until the process ends: its
+/// drop writes what is left.
+pub fn init_logging(config: &Config) -> Option<log_sink::Flush> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
-    let (installed, format) = match config.log.format {
-        LogFormat::Json => (builder.json().try_init(), LineFormat::Json),
-        LogFormat::Text => (builder.try_init(), LineFormat::Text),
+    let (sink, flush) = log_sink::start().unzip();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour);
+    let (installed, format) = match (config.log.format, sink) {
+        (LogFormat::Json, Some(sink)) => (builder.json().with_writer(sink).try_init(), LineFormat::Json),
+        (LogFormat::Json, None) => (builder.json().with_writer(std::io::stderr).try_init(), LineFormat::Json),
+        (LogFormat::Text, Some(sink)) => (builder.with_writer(sink).try_init(), LineFormat::Text),
+        (LogFormat::Text, None) => (builder.with_writer(std::io::stderr).try_init(), LineFormat::Text),
     };
-    // Our subscriber, uncoloured, on stderr: the gateway may write its
-    // request lines itself, in the same format (`gateway::request_log`).
+    // Our subscriber, uncoloured: the gateway may write its request lines
+    // itself, in the same format (`gateway::request_log`).
     if installed.is_ok() && !(colour && format == LineFormat::Text) {
         request_log::install(format);
     }
+    flush
 }
 
 /// Resolves on SIGINT or SIGTERM.

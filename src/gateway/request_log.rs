@@ -9,7 +9,8 @@
 //! So when the process's own subscriber is in place ([`install`], called by
 //! `app::init_logging` once it has installed plain text or JSON on stderr),
 //! the gateway writes the same line, byte for byte, into a reused buffer and
-//! hands it to stderr in one write, as `tracing`'s writer does. Whether the
+//! appends it to the process's log buffer ([`crate::log_sink`]), where
+//! `tracing`'s events go too. Whether the
 //! line is written at all is still the filter's decision (`RUST_LOG`,
 //! `log.level`), asked through `tracing::enabled!`. Everywhere else — a
 //! coloured terminal, a test's own subscriber — the line goes through
@@ -69,9 +70,13 @@ pub fn write(line: &Line<'_>) -> bool {
         let (buffer, second, stamp) = &mut *guard;
         buffer.clear();
         render(format, line, SystemTime::now(), (second, stamp), buffer);
-        // One write per line, like tracing's own writer; a failed write to
-        // stderr is dropped there too.
-        let _ = std::io::stderr().write_all(buffer);
+        match crate::log_sink::installed() {
+            Some(sink) => sink.append(buffer),
+            // A failed write to stderr is dropped, as tracing's own writer drops it.
+            None => {
+                let _ = std::io::stderr().write_all(buffer);
+            }
+        }
         true
     })
 }

@@ -1,0 +1,260 @@
+//! The process's log output: one buffer in memory, one thread that writes
+//! it to stderr.
+//!
+//! The gateway writes a line per request by default, so a `write(2)` per
+//! line was a system call on every request, and a slow stderr (a full
+//! pipe, a stalled log collector) stalled the request that logged. Lines
+//! are instead appended to one shared buffer (a lock and a copy: no
+//! allocation, no system call, no wake-up) and the writer thread hands the
+//! buffer to stderr in one write every [`FLUSH_EVERY`], or as soon as
+//! [`FLUSH_AT`] bytes wait. Every line of the process goes through the
+//! same buffer — `tracing`'s events and the gateway's hand-written request
+//! lines alike — so the order of lines is the order they were logged in.
+//!
+//! Bounded: at most [`MAX_PENDING`] bytes wait. A line that would pass
+//! that (stderr has not taken anything for a while) is dropped and
+//! counted, never waited for; the count is written as a line of its own
+//! once stderr takes lines again, and exported as
+//! `idemgate_log_lines_dropped_total`.
+//!
+//! What is lost: on SIGKILL or an abort, the lines of the last
+//! [`FLUSH_EVERY`] at most. A normal exit flushes ([`Flush`]).
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus::IntCounter;
+
+/// The longest a line waits in the buffer.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// Bytes waiting that wake the writer at once.
+pub const FLUSH_AT: usize = 64 * 1024;
+/// Bytes that may wait at most; lines beyond are dropped and counted.
+pub const MAX_PENDING: usize = 4 * 1024 * 1024;
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// `idemgate_log_lines_dropped_total`: registered by [`crate::metrics`].
+pub static DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    IntCounter::new("idemgate_log_lines_dropped_total", "Log lines dropped because stderr did not keep up.")
+        .expect("static metric definition")
+});
+
+/// The shared buffer (a handle: clones append to the same one).
+#[derive(Clone)]
+pub struct Sink {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<u8>,
+    /// Lines dropped since the writer last said so.
+    dropped: u64,
+    closed: bool,
+}
+
+/// Flushes the buffer and stops the writer when dropped: hold it for the
+/// life of the process.
+#[must_use = "dropping it stops the log writer"]
+pub struct Flush {
+    sink: Sink,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// Starts the writer thread and makes its sink the process's
+/// ([`installed`]); `None` if one is installed already or the thread
+/// cannot start (the caller then writes to stderr directly).
+pub fn start() -> Option<(Sink, Flush)> {
+    if SINK.get().is_some() {
+        return None;
+    }
+    let sink = Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new() }) };
+    SINK.set(sink.clone()).ok()?;
+    let shared = sink.shared.clone();
+    let writer =
+        std::thread::Builder::new().name("idemgate-log".into()).spawn(move || write_out(&shared, std::io::stderr()));
+    match writer {
+        Ok(writer) => Some((sink.clone(), Flush { sink, writer: Some(writer) })),
+        Err(_) => {
+            // Nothing would ever write the buffer: lines go to stderr directly.
+            sink.shared.lock().closed = true;
+            None
+        }
+    }
+}
+
+/// The process's sink, once [`start`] has run.
+pub fn installed() -> Option<&'static Sink> {
+    SINK.get()
+}
+
+impl Sink {
+    /// Appends whole lines (newline included); drops them, counted, when
+    /// [`MAX_PENDING`] bytes wait already. Once the writer has stopped,
+    /// lines go to stderr directly.
+    pub fn append(&self, lines: &[u8]) {
+        let mut state = self.shared.lock();
+        if state.closed {
+            drop(state);
+            let _ = std::io::stderr().write_all(lines);
+            return;
+        }
+        if state.pending.len() + lines.len() > MAX_PENDING {
+            state.dropped += 1;
+            DROPPED.inc();
+            return;
+        }
+        let before = state.pending.len();
+        state.pending.extend_from_slice(lines);
+        // Only the append that crosses the mark wakes the writer.
+        if before < FLUSH_AT && state.pending.len() >= FLUSH_AT {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The writer thread: takes the whole buffer every [`FLUSH_EVERY`] (or
+/// when woken) and writes it outside the lock, until closed and empty.
+fn write_out(shared: &Shared, mut out: impl Write) {
+    let mut batch = Vec::new();
+    loop {
+        let (dropped, closed) = {
+            let mut state = shared.lock();
+            if state.pending.len() < FLUSH_AT && !state.closed {
+                state = shared.wake.wait_timeout(state, FLUSH_EVERY).unwrap_or_else(PoisonError::into_inner).0;
+            }
+            std::mem::swap(&mut state.pending, &mut batch);
+            (std::mem::take(&mut state.dropped), state.closed)
+        };
+        // A failed write is dropped, as tracing's own writer drops it.
+        let _ = out.write_all(&batch);
+        if dropped > 0 {
+            let _ = writeln!(out, "idemgate: {dropped} log lines dropped: the log output did not keep up");
+        }
+        let _ = out.flush();
+        batch.clear();
+        if closed && shared.lock().pending.is_empty() {
+            return;
+        }
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        self.sink.shared.lock().closed = true;
+        self.sink.shared.wake.notify_one();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// `tracing_subscriber`'s writer: each event, formatted, is appended whole.
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {
+    type Writer = EventWriter<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EventWriter { sink: self, line: Vec::new() }
+    }
+}
+
+/// One event's bytes, appended to the sink when the event is done.
+pub struct EventWriter<'a> {
+    sink: &'a Sink,
+    line: Vec<u8>,
+}
+
+impl Write for EventWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventWriter<'_> {
+    fn drop(&mut self) {
+        if !self.line.is_empty() {
+            self.sink.append(&self.line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer the test can read back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn sink() -> Sink {
+        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new() }) }
+    }
+
+    #[test]
+    fn lines_come_out_in_order_and_all_of_them_are_written_before_the_writer_stops() {
+        let sink = sink();
+        let captured = Captured::default();
+        let writer = {
+            let (shared, out) = (sink.shared.clone(), captured.clone());
+            std::thread::spawn(move || write_out(&shared, out))
+        };
+        let expected: Vec<u8> = (0..20_000).flat_map(|n| format!("line {n}\n").into_bytes()).collect();
+        for line in expected.split_inclusive(|b| *b == b'\n') {
+            sink.append(line);
+        }
+        sink.shared.lock().closed = true;
+        sink.shared.wake.notify_one();
+        writer.join().unwrap();
+        assert_eq!(*captured.0.lock().unwrap(), expected);
+    }
+
+    #[test]
+    fn a_full_buffer_drops_lines_and_the_writer_says_how_many() {
+        let sink = sink();
+        let line = vec![b'x'; 1023].into_iter().chain([b'\n']).collect::<Vec<u8>>();
+        // No writer yet: the buffer fills to its bound, then drops.
+        for _ in 0..(MAX_PENDING / line.len() + 3) {
+            sink.append(&line);
+        }
+        assert_eq!(sink.shared.lock().pending.len(), MAX_PENDING);
+        assert_eq!(sink.shared.lock().dropped, 3);
+        sink.shared.lock().closed = true;
+        let captured = Captured::default();
+        write_out(&sink.shared, captured.clone());
+        let written = captured.0.lock().unwrap();
+        assert_eq!(
+            written.len(),
+            MAX_PENDING + "idemgate: 3 log lines dropped: the log output did not keep up\n".len()
+        );
+        assert!(written.ends_with(b"idemgate: 3 log lines dropped: the log output did not keep up\n"));
+    }
+}
