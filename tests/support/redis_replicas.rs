@@ -156,9 +156,10 @@ impl Replicated {
         this
     }
 
-    /// Waits until every Sentinel knows the other two, and sees `replica`
-    /// up and replicating from the primary: only then can they agree that
-    /// the primary is down, and promote the replica.
+    /// Waits until every Sentinel knows the other two, and sees the primary
+    /// and `replica` answer its pings, the replica replicating from the
+    /// primary: only then can they agree that the primary is down, and
+    /// promote the replica.
     pub fn wait_until_sentinels_know_everyone(&self, replica: usize) {
         let deadline = Instant::now() + FAILOVER_TIMEOUT;
         let replica_port = self.nodes[replica].port.to_string();
@@ -167,12 +168,19 @@ impl Replicated {
                 let ask = |args: &[&str]| self.ask(sentinel.port, Some(SENTINEL_PASSWORD), args);
                 let master = ask(&["SENTINEL", "MASTER", SERVICE]);
                 let replicas = ask(&["SENTINEL", "REPLICAS", SERVICE]);
-                let others =
-                    matches!(&master, Ok(Resp::Array(f)) if field(f, "num-other-sentinels") == Some("2".into()));
+                // Pinged and answered within the last half of down-after.
+                let fresh = |f: &[Resp]| {
+                    field(f, "last-ok-ping-reply")
+                        .and_then(|ms| ms.parse::<u64>().ok())
+                        .is_some_and(|ms| ms < DOWN_AFTER_MS / 2)
+                };
+                let others = matches!(&master, Ok(Resp::Array(f)) if field(f, "num-other-sentinels") == Some("2".into())
+                    && field(f, "flags") == Some("master".into()) && fresh(f));
                 let healthy = matches!(&replicas, Ok(Resp::Array(all)) if all.iter().any(|r| matches!(r,
                     Resp::Array(f) if field(f, "port") == Some(replica_port.clone())
                         && field(f, "flags") == Some("slave".into())
-                        && field(f, "master-link-status") == Some("ok".into()))));
+                        && field(f, "master-link-status") == Some("ok".into())
+                        && fresh(f))));
                 if others && healthy {
                     break;
                 }
@@ -356,6 +364,13 @@ impl Replicated {
         let restarted = self.spawn_data(self.nodes[node].port, Some(self.nodes[primary].port));
         self.nodes[node] = restarted;
         self.wait_in_sync(node);
+        // Only once every Sentinel has fresh ping replies from both nodes:
+        // a Sentinel whose links to a just-promoted primary were not yet
+        // answered took it (and the replica) for down within a second of
+        // the short down-after, started a failover with no good replica to
+        // promote, and waited 2 × failover-timeout before the next one —
+        // longer than a lease (seen under load).
+        self.wait_until_sentinels_know_everyone(node);
         self.set_down_after(DOWN_AFTER_MS);
     }
 
