@@ -18,7 +18,9 @@
 //! `idemgate_log_lines_dropped_total`.
 //!
 //! What is lost: on SIGKILL or an abort, the lines of the last
-//! [`FLUSH_EVERY`] at most. A normal exit flushes ([`Flush`]).
+//! [`FLUSH_EVERY`] at most. A normal exit flushes ([`Flush`]), and so does
+//! binding a listener ([`flush`]): what a process logged while starting is
+//! on stderr before any client can connect.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -51,6 +53,8 @@ pub struct Sink {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// Held while a batch is taken and written: one writer at a time.
+    output: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -76,7 +80,8 @@ pub fn start() -> Option<(Sink, Flush)> {
     if SINK.get().is_some() {
         return None;
     }
-    let sink = Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new() }) };
+    let sink =
+        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) };
     SINK.set(sink.clone()).ok()?;
     let shared = sink.shared.clone();
     let writer =
@@ -121,35 +126,58 @@ impl Sink {
     }
 }
 
+/// The writer thread: takes the whole buffer every [`FLUSH_EVERY`] (or
+/// when woken) and writes it outside the buffer's lock, until closed and
+/// empty.
+fn write_out(shared: &Shared, mut out: impl Write) {
+    let mut batch = Vec::new();
+    loop {
+        {
+            let state = shared.lock();
+            if state.pending.len() < FLUSH_AT && !state.closed {
+                drop(shared.wake.wait_timeout(state, FLUSH_EVERY).unwrap_or_else(PoisonError::into_inner));
+            }
+        }
+        let closed = shared.write_pending(&mut batch, &mut out);
+        if closed && shared.lock().pending.is_empty() {
+            return;
+        }
+    }
+}
+
+/// Writes every line appended so far to stderr before returning (the
+/// writer thread's batches included, in order). Called before a listener
+/// is bound, so that what a process logged while starting is on stderr
+/// by the time it accepts connections, whatever happens to it next.
+pub fn flush() {
+    if let Some(sink) = SINK.get() {
+        sink.shared.write_pending(&mut Vec::new(), &mut std::io::stderr());
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-/// The writer thread: takes the whole buffer every [`FLUSH_EVERY`] (or
-/// when woken) and writes it outside the lock, until closed and empty.
-fn write_out(shared: &Shared, mut out: impl Write) {
-    let mut batch = Vec::new();
-    loop {
+    /// Takes the buffer and writes it (and the count of lines dropped)
+    /// to `out`; whether the sink is closed. One writer at a time, and the
+    /// buffer is taken under the same turn, so batches come out in order.
+    fn write_pending(&self, batch: &mut Vec<u8>, out: &mut impl Write) -> bool {
+        let _turn = self.output.lock().unwrap_or_else(PoisonError::into_inner);
         let (dropped, closed) = {
-            let mut state = shared.lock();
-            if state.pending.len() < FLUSH_AT && !state.closed {
-                state = shared.wake.wait_timeout(state, FLUSH_EVERY).unwrap_or_else(PoisonError::into_inner).0;
-            }
-            std::mem::swap(&mut state.pending, &mut batch);
+            let mut state = self.lock();
+            std::mem::swap(&mut state.pending, batch);
             (std::mem::take(&mut state.dropped), state.closed)
         };
         // A failed write is dropped, as tracing's own writer drops it.
-        let _ = out.write_all(&batch);
+        let _ = out.write_all(batch);
         if dropped > 0 {
             let _ = writeln!(out, "idemgate: {dropped} log lines dropped: the log output did not keep up");
         }
         let _ = out.flush();
         batch.clear();
-        if closed && shared.lock().pending.is_empty() {
-            return;
-        }
+        closed
     }
 }
 
@@ -216,7 +244,7 @@ mod tests {
     }
 
     fn sink() -> Sink {
-        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new() }) }
+        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) }
     }
 
     #[test]

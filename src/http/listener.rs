@@ -351,8 +351,11 @@ pub struct BindError {
     pub source: std::io::Error,
 }
 
-/// Binds a listener, with a clear error.
+/// Binds a listener, with a clear error. What the process logged until
+/// now is written out first ([`crate::log_sink::flush`]): once a client
+/// can connect, the start-up's warnings are on stderr.
 pub async fn bind(address: SocketAddr) -> Result<TcpListener, BindError> {
+    crate::log_sink::flush();
     TcpListener::bind(address).await.map_err(|source| BindError { address, source })
 }
 
