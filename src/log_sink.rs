@@ -80,8 +80,7 @@ pub fn start() -> Option<(Sink, Flush)> {
     if SINK.get().is_some() {
         return None;
     }
-    let sink =
-        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) };
+    let sink = Sink::new();
     SINK.set(sink.clone()).ok()?;
     let shared = sink.shared.clone();
     let writer =
@@ -102,6 +101,10 @@ pub fn installed() -> Option<&'static Sink> {
 }
 
 impl Sink {
+    fn new() -> Self {
+        Self { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) }
+    }
+
     /// Appends whole lines (newline included); drops them, counted, when
     /// [`MAX_PENDING`] bytes wait already. Once the writer has stopped,
     /// lines go to stderr directly.
@@ -243,13 +246,9 @@ mod tests {
         }
     }
 
-    fn sink() -> Sink {
-        Sink { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) }
-    }
-
     #[test]
     fn lines_come_out_in_order_and_all_of_them_are_written_before_the_writer_stops() {
-        let sink = sink();
+        let sink = Sink::new();
         let captured = Captured::default();
         let writer = {
             let (shared, out) = (sink.shared.clone(), captured.clone());
@@ -267,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_full_buffer_drops_lines_and_the_writer_says_how_many() {
-        let sink = sink();
+        let sink = Sink::new();
         let line = vec![b'x'; 1023].into_iter().chain([b'\n']).collect::<Vec<u8>>();
         // No writer yet: the buffer fills to its bound, then drops.
         for _ in 0..(MAX_PENDING / line.len() + 3) {
