@@ -14,6 +14,7 @@ pub use error::StartError;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use crate::admin::{Admin, AdminAccess};
 use crate::config::{Config, LogFormat};
@@ -170,12 +171,14 @@ pub fn init_logging(config: &Config) -> Option<log_sink::Flush> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     let (sink, flush) = log_sink::start().unzip();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour);
-    let (installed, format) = match (config.log.format, sink) {
-        (LogFormat::Json, Some(sink)) => (builder.json().with_writer(sink).try_init(), LineFormat::Json),
-        (LogFormat::Json, None) => (builder.json().with_writer(std::io::stderr).try_init(), LineFormat::Json),
-        (LogFormat::Text, Some(sink)) => (builder.with_writer(sink).try_init(), LineFormat::Text),
-        (LogFormat::Text, None) => (builder.with_writer(std::io::stderr).try_init(), LineFormat::Text),
+    let writer = match sink {
+        Some(sink) => BoxMakeWriter::new(sink),
+        None => BoxMakeWriter::new(std::io::stderr),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(writer);
+    let (installed, format) = match config.log.format {
+        LogFormat::Json => (builder.json().try_init(), LineFormat::Json),
+        LogFormat::Text => (builder.try_init(), LineFormat::Text),
     };
     // Our subscriber, uncoloured: the gateway may write its request lines
     // itself, in the same format (`gateway::request_log`).
