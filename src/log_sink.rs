@@ -73,13 +73,10 @@ pub struct Flush {
     writer: Option<JoinHandle<()>>,
 }
 
-/// Starts the writer thread and makes its sink the process's
-/// ([`installed`]); `None` if one is installed already or the thread
+/// Starts the writer thread and makes its sink the process's (the one
+/// [`write`] appends to); `None` if one is installed already or the thread
 /// cannot start (the caller then writes to stderr directly).
 pub fn start() -> Option<(Sink, Flush)> {
-    if SINK.get().is_some() {
-        return None;
-    }
     let sink = Sink::new();
     SINK.set(sink.clone()).ok()?;
     let shared = sink.shared.clone();
@@ -95,9 +92,16 @@ pub fn start() -> Option<(Sink, Flush)> {
     }
 }
 
-/// The process's sink, once [`start`] has run.
-pub fn installed() -> Option<&'static Sink> {
-    SINK.get()
+/// Appends whole lines to the process's sink, or writes them to stderr
+/// when none was started (a failed write is dropped, as `tracing`'s own
+/// writer drops it).
+pub fn write(lines: &[u8]) {
+    match SINK.get() {
+        Some(sink) => sink.append(lines),
+        None => {
+            let _ = std::io::stderr().write_all(lines);
+        }
+    }
 }
 
 impl Sink {

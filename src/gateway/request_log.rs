@@ -70,13 +70,7 @@ pub fn write(line: &Line<'_>) -> bool {
         let (buffer, second, stamp) = &mut *guard;
         buffer.clear();
         render(format, line, SystemTime::now(), (second, stamp), buffer);
-        match crate::log_sink::installed() {
-            Some(sink) => sink.append(buffer),
-            // A failed write to stderr is dropped, as tracing's own writer drops it.
-            None => {
-                let _ = std::io::stderr().write_all(buffer);
-            }
-        }
+        crate::log_sink::write(buffer);
         true
     })
 }
