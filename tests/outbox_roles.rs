@@ -294,7 +294,8 @@ async fn an_upgrade_keeps_enqueue_for_roles_that_used_it_and_mends_their_re_enqu
     assert!(error.to_string().contains("permission denied for table outbox"), "{error}");
     drop(tx);
 
-    assert_eq!(migrate::run(&mut owner, &schema.schema).await.unwrap(), [5, 6, 7]);
+    let later: Vec<i32> = (5..=migrate::latest_version()).collect();
+    assert_eq!(migrate::run(&mut owner, &schema.schema).await.unwrap(), later);
     assert_eq!(enqueue_as(&mut client, &schema.schema, "order:1").await, key, "now a no-op");
     enqueue_as(&mut client, &schema.schema, "order:2").await;
     let relay = Relay::new(schema.database(4), fx.publisher(), fx.policies(), settings(LEASE));

@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 5, name: "roles", sql: include_str!("migrations/0005_roles.sql") },
     Migration { version: 6, name: "enqueue_many", sql: include_str!("migrations/0006_enqueue_many.sql") },
     Migration { version: 7, name: "trace_context", sql: include_str!("migrations/0007_trace_context.sql") },
+    Migration { version: 8, name: "enqueue_many_insert", sql: include_str!("migrations/0008_enqueue_many_insert.sql") },
 ];
 
 /// The schema version this binary needs.

@@ -166,6 +166,46 @@ async fn concurrent_calls_on_shared_keys_wait_for_each_other_without_deadlock_in
     assert_eq!(order["b"], strings(&["b1", "b2"]), "b1 committed first, though its call began later");
 }
 
+/// A call of more than 1,000 rows inserts them in the order of their keys
+/// (migration 8), not of the input: every rule of a small call still holds
+/// — keys answered in input order, the first of a repeat wins within the
+/// call and a key already waiting wins across calls, per ordering key
+/// input order — and each key reaches the destination once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_large_enough_to_be_inserted_in_key_order_keeps_every_rule_of_a_small_one() {
+    let fx = Fixture::start().await;
+    let key = |bk: &str| derived_key(&fx.schema.schema, DESTINATION, "notify", bk);
+    // 50 ordering keys (a relay step delivers one row of each), and every fourth row has none.
+    let ordering: Vec<String> = (0..50).map(|k| format!("k{k}")).collect();
+    let ordering_of = |i: usize| (i % 4 != 3).then(|| ordering[i % 50].as_str());
+    enqueue_committed(&fx, &[("r7", Some("earlier"))], "earlier").await;
+    let names: Vec<String> = (0..1200).map(|i| format!("r{i}")).collect();
+    let mut rows: Vec<Row> = names.iter().enumerate().map(|(i, bk)| (bk.as_str(), ordering_of(i))).collect();
+    // Repeats of the first 100 under another ordering key: all no-ops.
+    rows.extend(names[..100].iter().map(|bk| (bk.as_str(), Some("repeat"))));
+    let keys = enqueue_committed(&fx, &rows, "large").await;
+    let expected: Vec<String> = rows.iter().map(|(bk, _)| key(bk)).collect();
+    assert_eq!(keys, expected, "every key, in input order");
+    assert_eq!(fx.count("true").await, 1200, "one row per business key, r7 the earlier one");
+    assert_eq!(fx.count("ordering_key = 'repeat'").await, 0, "no repeat took a key");
+
+    assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1200);
+    let order = delivered_per_key(&fx);
+    for key_name in &ordering {
+        let in_input: Vec<String> = (0..1200)
+            .filter(|&i| ordering_of(i) == Some(key_name.as_str()) && i != 7)
+            .map(|i| names[i].clone())
+            .collect();
+        assert_eq!(order[key_name], in_input, "ordering key {key_name}: input order");
+    }
+    assert_eq!(order["earlier"], strings(&["r7"]));
+    assert!(!order.contains_key("repeat"));
+    for bk in &names {
+        assert_eq!(fx.sink.count_for(&key(bk)), 1, "{bk} reached the destination once");
+    }
+    assert_eq!(fx.sink.effects(), 1200);
+}
+
 /// Until `pid`'s backend waits for a lock; false if it never does.
 async fn waits_for_a_lock(fx: &Fixture, pid: i32) -> bool {
     let probe = fx.schema.connect().await;
@@ -182,9 +222,7 @@ async fn waits_for_a_lock(fx: &Fixture, pid: i32) -> bool {
 
 /// A call whose key another transaction holds, uncommitted, waits for it;
 /// then it is a no-op for that key if the holder commits, and inserts it if
-/// the holder rolls back; either way the rest of the call goes in. (The
-/// call's first, plain INSERT fails on the committed key and is redone with
-/// ON CONFLICT: this is that path, after a wait.)
+/// the holder rolls back; either way the rest of the call goes in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_key_another_transaction_holds_waits_then_skips_it_on_commit_and_takes_it_on_rollback() {
     let fx = Fixture::start().await;
