@@ -20,7 +20,10 @@
 //! What is lost: on SIGKILL or an abort, the lines of the last
 //! [`FLUSH_EVERY`] at most. A normal exit flushes ([`Flush`]), and so does
 //! binding a listener ([`flush`]): what a process logged while starting is
-//! on stderr before any client can connect.
+//! on stderr before any client can connect. A normal exit waits at most
+//! [`FINAL_WAIT`] for stderr to take the rest: a stderr that nobody reads
+//! (a full pipe) loses what still waits, and no longer keeps the process
+//! from exiting; lines logged after that are dropped, not written.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -35,6 +38,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 pub const FLUSH_AT: usize = 64 * 1024;
 /// Bytes that may wait at most; lines beyond are dropped and counted.
 pub const MAX_PENDING: usize = 4 * 1024 * 1024;
+/// The longest an exit waits for stderr to take the lines still waiting.
+pub const FINAL_WAIT: Duration = Duration::from_secs(5);
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 
@@ -53,6 +58,8 @@ pub struct Sink {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// Signalled when the writer thread has written its last batch.
+    done: Condvar,
     /// Held while a batch is taken and written: one writer at a time.
     output: Mutex<()>,
 }
@@ -63,6 +70,10 @@ struct State {
     /// Lines dropped since the writer last said so.
     dropped: u64,
     closed: bool,
+    /// The writer thread has written its last batch and returned.
+    finished: bool,
+    /// The exit stopped waiting for a writer stuck on stderr.
+    abandoned: bool,
 }
 
 /// Flushes the buffer and stops the writer when dropped: hold it for the
@@ -106,14 +117,21 @@ pub fn write(lines: &[u8]) {
 
 impl Sink {
     fn new() -> Self {
-        Self { shared: Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), output: Mutex::new(()) }) }
+        let (wake, done) = (Condvar::new(), Condvar::new());
+        Self { shared: Arc::new(Shared { state: Mutex::default(), wake, done, output: Mutex::new(()) }) }
     }
 
     /// Appends whole lines (newline included); drops them, counted, when
     /// [`MAX_PENDING`] bytes wait already. Once the writer has stopped,
-    /// lines go to stderr directly.
+    /// lines go to stderr directly (or, when the exit gave up on a stuck
+    /// stderr, are dropped).
     pub fn append(&self, lines: &[u8]) {
         let mut state = self.shared.lock();
+        if state.abandoned {
+            state.dropped += 1;
+            DROPPED.inc();
+            return;
+        }
         if state.closed {
             drop(state);
             let _ = std::io::stderr().write_all(lines);
@@ -146,7 +164,10 @@ fn write_out(shared: &Shared, mut out: impl Write) {
             }
         }
         let closed = shared.write_pending(&mut batch, &mut out);
-        if closed && shared.lock().pending.is_empty() {
+        let mut state = shared.lock();
+        if closed && state.pending.is_empty() {
+            state.finished = true;
+            shared.done.notify_all();
             return;
         }
     }
@@ -189,9 +210,21 @@ impl Shared {
 }
 
 impl Drop for Flush {
+    /// Closes the buffer and waits, at most [`FINAL_WAIT`], for the writer
+    /// to write what waits; a writer still stuck on stderr then is left
+    /// behind (the process ends it by exiting).
     fn drop(&mut self) {
-        self.sink.shared.lock().closed = true;
-        self.sink.shared.wake.notify_one();
+        let shared = &self.sink.shared;
+        let mut state = shared.lock();
+        state.closed = true;
+        shared.wake.notify_one();
+        let (mut state, _) =
+            shared.done.wait_timeout_while(state, FINAL_WAIT, |s| !s.finished).unwrap_or_else(PoisonError::into_inner);
+        if !state.finished {
+            state.abandoned = true;
+            return;
+        }
+        drop(state);
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }

@@ -80,3 +80,61 @@ async fn requests_never_wait_for_a_stalled_stderr_and_every_line_is_written_at_e
     assert!(draining > last_request, "lines come out in the order they were logged");
     assert_eq!(upstream.keys().len(), REQUESTS);
 }
+
+/// A stderr that nobody ever reads: the pipe fills, the log writer blocks
+/// on it for good. SIGTERM still ends the process (it waits for stderr at
+/// most `log_sink::FINAL_WAIT`, and drops what is still waiting).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stderr_nobody_ever_reads_does_not_keep_the_process_from_exiting() {
+    let upstream = Upstream::start().await;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut child = Command::new(BINARY)
+        .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
+        .args(["--upstream", &upstream.url(), "--store", "memory://"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start idemgate serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "idemgate serve exited before listening");
+        assert!(Instant::now() < deadline, "idemgate serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    for n in 0..REQUESTS {
+        let request = http::Request::post(format!("http://{addr}/charge"))
+            .header("idempotency-key", format!("stuck-{n}"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"amount\":1}")))
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .unwrap_or_else(|_| panic!("request {n} got no answer"))
+            .expect("the gateway answered");
+        assert_eq!(response.status(), 201, "request {n}");
+    }
+
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // A bound for a process that would wait for its stderr forever.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("idemgate serve did not exit within 60 s of SIGTERM: it waits for a stderr nobody reads");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    // Only now is the pipe read: what it holds is the start of the log, in order.
+    let mut logs = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut logs).unwrap();
+    assert!(logs.contains("outcome=\"forwarded\" status=201"), "{logs}");
+    assert_eq!(upstream.keys().len(), REQUESTS);
+}
