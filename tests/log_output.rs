@@ -1,12 +1,13 @@
 //! The log output of the `idemgate` binary when nobody reads it: requests
-//! never wait for stderr, and every line is written by the time the
-//! process exits.
+//! never wait for stderr, every line is written by the time the process
+//! exits, and a stderr that takes nothing at all does not keep it from
+//! exiting.
 
 mod support;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::redis_server::free_port;
@@ -21,38 +22,10 @@ const REQUESTS: usize = 2_000;
 #[tokio::test(flavor = "multi_thread")]
 async fn requests_never_wait_for_a_stalled_stderr_and_every_line_is_written_at_exit() {
     let upstream = Upstream::start().await;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut child = Command::new(BINARY)
-        .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
-        .args(["--upstream", &upstream.url(), "--store", "memory://"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        // A pipe that nothing reads until the end: it fills, then stays full.
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start idemgate serve");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "idemgate serve exited before listening");
-        assert!(Instant::now() < deadline, "idemgate serve did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    for n in 0..REQUESTS {
-        let request = http::Request::post(format!("http://{addr}/charge"))
-            .header("idempotency-key", format!("log-{n}"))
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"amount\":1}")))
-            .unwrap();
-        // A bound for a gateway blocked on its stderr, which would never answer.
-        let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
-            .await
-            .unwrap_or_else(|_| panic!("request {n} got no answer: the gateway waits for its stderr"))
-            .expect("the gateway answered");
-        assert_eq!(response.status(), 201, "request {n}");
-    }
+    // A pipe that nothing reads until the end: it fills, then stays full.
+    let (mut child, addr, admin) = start_with_unread_stderr(&upstream);
+    let client = client();
+    post_all(&client, addr, "log").await;
     let metrics = http::Request::get(format!("http://{admin}/metrics"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
@@ -87,35 +60,8 @@ async fn requests_never_wait_for_a_stalled_stderr_and_every_line_is_written_at_e
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stderr_nobody_ever_reads_does_not_keep_the_process_from_exiting() {
     let upstream = Upstream::start().await;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut child = Command::new(BINARY)
-        .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
-        .args(["--upstream", &upstream.url(), "--store", "memory://"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start idemgate serve");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "idemgate serve exited before listening");
-        assert!(Instant::now() < deadline, "idemgate serve did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    for n in 0..REQUESTS {
-        let request = http::Request::post(format!("http://{addr}/charge"))
-            .header("idempotency-key", format!("stuck-{n}"))
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"amount\":1}")))
-            .unwrap();
-        let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
-            .await
-            .unwrap_or_else(|_| panic!("request {n} got no answer"))
-            .expect("the gateway answered");
-        assert_eq!(response.status(), 201, "request {n}");
-    }
+    let (mut child, addr, _) = start_with_unread_stderr(&upstream);
+    post_all(&client(), addr, "stuck").await;
 
     let pid = child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
@@ -137,4 +83,52 @@ async fn a_stderr_nobody_ever_reads_does_not_keep_the_process_from_exiting() {
     child.stderr.take().unwrap().read_to_string(&mut logs).unwrap();
     assert!(logs.contains("outcome=\"forwarded\" status=201"), "{logs}");
     assert_eq!(upstream.keys().len(), REQUESTS);
+}
+
+/// `idemgate serve` on fresh ports in front of `upstream`, its stderr a
+/// pipe this test reads only when it chooses to; returns once it listens.
+fn start_with_unread_stderr(upstream: &Upstream) -> (Child, SocketAddr, SocketAddr) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut child = Command::new(BINARY)
+        .args(["serve", "--listen", &addr.to_string(), "--admin-listen", &admin.to_string()])
+        .args(["--upstream", &upstream.url(), "--store", "memory://"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start idemgate serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "idemgate serve exited before listening");
+        assert!(Instant::now() < deadline, "idemgate serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, addr, admin)
+}
+
+/// [`REQUESTS`] guarded POSTs with keys `<prefix>-<n>`, each answered 201.
+async fn post_all(client: &Client, addr: SocketAddr, prefix: &str) {
+    for n in 0..REQUESTS {
+        let request = http::Request::post(format!("http://{addr}/charge"))
+            .header("idempotency-key", format!("{prefix}-{n}"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{\"amount\":1}")))
+            .unwrap();
+        // A bound for a gateway blocked on its stderr, which would never answer.
+        let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .unwrap_or_else(|_| panic!("request {n} got no answer: the gateway waits for its stderr"))
+            .expect("the gateway answered");
+        assert_eq!(response.status(), 201, "request {n}");
+    }
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
