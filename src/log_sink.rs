@@ -13,8 +13,9 @@
 //!
 //! Bounded: at most [`MAX_PENDING`] bytes wait. A line that would pass
 //! that (stderr has not taken anything for a while) is dropped and
-//! counted, never waited for; the count is written as a line of its own
-//! once stderr takes lines again, and exported as
+//! counted, never waited for; once stderr takes lines again the writer
+//! says how many, as a `tracing` warning (so in the log's own format, JSON
+//! included), and the count is exported as
 //! `idemgate_log_lines_dropped_total`.
 //!
 //! What is lost: on SIGKILL or an abort, the lines of the last
@@ -97,7 +98,8 @@ pub fn start() -> Option<(Sink, Flush)> {
         Ok(writer) => Some((sink.clone(), Flush { sink, writer: Some(writer) })),
         Err(_) => {
             // Nothing would ever write the buffer: lines go to stderr directly.
-            sink.shared.lock().closed = true;
+            let mut state = sink.shared.lock();
+            (state.closed, state.finished) = (true, true);
             None
         }
     }
@@ -122,9 +124,10 @@ impl Sink {
     }
 
     /// Appends whole lines (newline included); drops them, counted, when
-    /// [`MAX_PENDING`] bytes wait already. Once the writer has stopped,
-    /// lines go to stderr directly (or, when the exit gave up on a stuck
-    /// stderr, are dropped).
+    /// [`MAX_PENDING`] bytes wait already. Until the writer has written its
+    /// last batch, lines wait for it (also while it writes the rest at
+    /// exit); after that they go to stderr directly (or, when the exit gave
+    /// up on a stuck stderr, are dropped).
     pub fn append(&self, lines: &[u8]) {
         let mut state = self.shared.lock();
         if state.abandoned {
@@ -132,7 +135,7 @@ impl Sink {
             DROPPED.inc();
             return;
         }
-        if state.closed {
+        if state.finished {
             drop(state);
             let _ = std::io::stderr().write_all(lines);
             return;
@@ -191,6 +194,9 @@ impl Shared {
     /// Takes the buffer and writes it (and the count of lines dropped)
     /// to `out`; whether the sink is closed. One writer at a time, and the
     /// buffer is taken under the same turn, so batches come out in order.
+    /// Lines dropped since the last call are reported by a warning, which
+    /// goes into the buffer like any event (its lock is not held here; only
+    /// the turn is, which appending never takes) and out with the next batch.
     fn write_pending(&self, batch: &mut Vec<u8>, out: &mut impl Write) -> bool {
         let _turn = self.output.lock().unwrap_or_else(PoisonError::into_inner);
         let (dropped, closed) = {
@@ -200,11 +206,11 @@ impl Shared {
         };
         // A failed write is dropped, as tracing's own writer drops it.
         let _ = out.write_all(batch);
-        if dropped > 0 {
-            let _ = writeln!(out, "idemgate: {dropped} log lines dropped: the log output did not keep up");
-        }
         let _ = out.flush();
         batch.clear();
+        if dropped > 0 {
+            tracing::warn!(lines = dropped, "log lines dropped: the log output did not keep up");
+        }
         closed
     }
 }
@@ -313,12 +319,17 @@ mod tests {
         assert_eq!(sink.shared.lock().dropped, 3);
         sink.shared.lock().closed = true;
         let captured = Captured::default();
-        write_out(&sink.shared, captured.clone());
+        // The count is a warning in the log's own format, written after the
+        // batch it could not hold (also at exit: the writer writes it before
+        // it stops).
+        let json = tracing_subscriber::fmt().json().with_writer(sink.clone()).finish();
+        tracing::subscriber::with_default(json, || write_out(&sink.shared, captured.clone()));
         let written = captured.0.lock().unwrap();
-        assert_eq!(
-            written.len(),
-            MAX_PENDING + "idemgate: 3 log lines dropped: the log output did not keep up\n".len()
-        );
-        assert!(written.ends_with(b"idemgate: 3 log lines dropped: the log output did not keep up\n"));
+        let (kept, notice) = written.split_at(MAX_PENDING);
+        assert!(kept.iter().all(|b| *b == b'x' || *b == b'\n'));
+        let notice: serde_json::Value = serde_json::from_slice(notice).expect("one JSON line");
+        assert_eq!(notice["level"], "WARN");
+        assert_eq!(notice["fields"]["message"], "log lines dropped: the log output did not keep up");
+        assert_eq!(notice["fields"]["lines"], 3);
     }
 }
