@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 /// How long a server (or a cluster) may take to answer after it is started.
 pub const START_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// The longest `redis-cli --cluster create` may take to see the nodes agree.
+const CLUSTER_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// A port can be taken between [`free_port`] and the server binding it.
 const START_ATTEMPTS: usize = 3;
 
@@ -206,8 +208,10 @@ impl RedisCluster {
             .stderr(log)
             .spawn()
             .expect("run redis-cli --cluster create");
-        // redis-cli waits for the nodes to agree; bound that wait too.
-        let deadline = Instant::now() + START_TIMEOUT * 2;
+        // redis-cli waits for the nodes to agree; bound that wait too. The
+        // join is gossip, checked once a second: under a full test run on
+        // two cores it took more than 10 s once (a healthy one returns in 1–3 s).
+        let deadline = Instant::now() + CLUSTER_JOIN_TIMEOUT;
         let status = loop {
             if let Some(status) = create.try_wait().expect("wait for redis-cli") {
                 break Some(status);
