@@ -37,10 +37,10 @@ pub struct RelayConfig {
     /// destination.
     pub batch_size: u32,
     /// Does nothing any more (each destination's lane is a claim loop of
-    /// its own; `max_in_flight` bounds its publishes). Still accepted, and
-    /// still checked to be between 1 and `pool_size`, so existing config
-    /// files load as before.
-    pub workers: u32,
+    /// its own; `max_in_flight` bounds its publishes). Still accepted, so
+    /// existing config files load, with a warning that says so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u32>,
     /// How long a claim holds a row without renewal. Renewed every third of it.
     pub lease: ConfigDuration,
     /// How often the relay looks for work without a notification.
@@ -76,7 +76,7 @@ impl Default for RelayConfig {
             database_url: None,
             pool_size: 4,
             batch_size: 128,
-            workers: 2,
+            workers: None,
             lease: secs(30),
             poll_interval: secs(1),
             reap_interval: secs(5),
@@ -199,6 +199,10 @@ pub fn is_schema_name(name: &str) -> bool {
         && !name.as_bytes()[0].is_ascii_digit()
 }
 
+/// The warning for a config that still sets `relay.workers`.
+const WORKERS_INERT: &str = "relay.workers does nothing any more: each destination is a claim loop of its own and \
+     its max_in_flight bounds its publishes; remove it";
+
 /// Checks the relay section and every destination; pushes warnings.
 pub(super) fn validate(
     relay: &RelayConfig,
@@ -217,8 +221,8 @@ pub(super) fn validate(
     if relay.pool_size < 2 {
         return invalid("relay.pool_size must be at least 2 (claims and lease renewals run side by side)".into());
     }
-    if relay.workers == 0 || relay.workers as usize > relay.pool_size {
-        return invalid(format!("relay.workers = {}: must be between 1 and pool_size", relay.workers));
+    if let Some(workers) = relay.workers {
+        warnings.push(format!("{WORKERS_INERT} (relay.workers = {workers})"));
     }
     for (name, bytes) in [
         ("max_payload", relay.max_payload),
@@ -302,11 +306,14 @@ mod tests {
     }
 
     #[test]
-    fn workers_are_at_least_one_and_at_most_the_pool() {
-        for (workers, ok) in [(0, false), (1, true), (4, true), (5, false)] {
-            let relay = RelayConfig { workers, pool_size: 4, ..Default::default() };
-            assert_eq!(validate(&relay, &BTreeMap::new(), &mut Vec::new()).is_ok(), ok, "workers = {workers}");
-        }
+    fn workers_is_accepted_with_a_warning_that_it_does_nothing() {
+        let mut warnings = Vec::new();
+        validate(&RelayConfig::default(), &BTreeMap::new(), &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let config: crate::config::Config = toml::from_str("[relay]\nworkers = 8\n").unwrap();
+        let warnings = config.validate().unwrap();
+        assert_eq!(warnings, [format!("{WORKERS_INERT} (relay.workers = 8)")]);
+        assert!(!toml::to_string(&crate::config::Config::default()).unwrap().contains("workers"));
     }
 
     #[test]
