@@ -15,8 +15,8 @@
 //! that (stderr has not taken anything for a while) is dropped and
 //! counted, never waited for; once stderr takes lines again the writer
 //! says how many, as a `tracing` warning (so in the log's own format, JSON
-//! included), and the count is exported as
-//! `idemgate_log_lines_dropped_total`.
+//! included, and only where the log's filter lets warnings through), and
+//! the count is exported as `idemgate_log_lines_dropped_total` either way.
 //!
 //! What is lost: on SIGKILL or an abort, the lines of the last
 //! [`FLUSH_EVERY`] at most. A normal exit flushes ([`Flush`]), and so does

@@ -78,7 +78,7 @@ async fn a_stderr_nobody_ever_reads_does_not_keep_the_process_from_exiting() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
-    // Only now is the pipe read: what it holds is the start of the log, in order.
+    // Only now is the pipe read: it holds what stderr took before it filled.
     let mut logs = String::new();
     child.stderr.take().unwrap().read_to_string(&mut logs).unwrap();
     assert!(logs.contains("outcome=\"forwarded\" status=201"), "{logs}");

@@ -25,7 +25,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 from .shared import say
@@ -80,8 +79,7 @@ def graphile_cli(runner):
 
 def graphile_round(ob, cli, sid, rows, r):
     """add_jobs of `rows` jobs like E3's rows into a fresh graphile-worker schema: seconds."""
-    schema = f"lt_{os.getpid()}_{int(time.time())}_{sid.lower()}r{r}"
-    ob.schemas.append(schema)
+    schema = ob.new_schema_name(f"{sid.lower()}r{r}")
     out = subprocess.run([str(cli), "-c", DATABASE_URL, "--schema", schema, "--schema-only"], capture_output=True,
                          text=True, timeout=120)
     if out.returncode != 0:
@@ -91,8 +89,7 @@ def graphile_round(ob, cli, sid, rows, r):
     _, seconds = ob.timed(f"SELECT count(*) FROM {schema}.add_jobs((SELECT array_agg({spec}) "
                           f"FROM generate_series(1, {rows}) AS i))", timeout=900)
     left = int(ob.psql(f"SELECT count(*) FROM {schema}._private_jobs"))
-    ob.psql(f"DROP SCHEMA {schema} CASCADE", timeout=120)
-    ob.schemas.remove(schema)
+    ob.drop_schema(schema)
     if left != rows:
         raise RuntimeError(f"{sid}: {left} jobs after add_jobs of {rows}")
     return seconds
@@ -117,8 +114,7 @@ def enqueue_scenarios(runner, ob, wanted):
                 schema = ob.schema(f"{sid.lower()}r{r}")
                 _, seconds = ob.timed(statement(schema, sid, rows), timeout=900)
                 left = ob.count(schema)
-                ob.psql(f"DROP SCHEMA {schema} CASCADE", timeout=120)
-                ob.schemas.remove(schema)
+                ob.drop_schema(schema)
                 if left != rows:
                     raise RuntimeError(f"{sid}: {left} rows in the outbox after enqueueing {rows}")
             rates[sid].append(rows / seconds)

@@ -52,10 +52,20 @@ class Outbox:
             if not Path(f"/proc/{name.split('_')[1]}").exists():
                 self.psql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
-    def schema(self, tag):
-        """A fresh, migrated schema `lt_<pid>_<time>_<tag>` (its name carries the pid, see drop_orphans)."""
+    def new_schema_name(self, tag):
+        """A fresh schema name `lt_<pid>_<time>_<tag>` (it carries the pid, see drop_orphans), dropped at the end."""
         name = f"lt_{os.getpid()}_{int(time.time())}_{tag}"
         self.schemas.append(name)
+        return name
+
+    def drop_schema(self, name):
+        """Drops one of this run's schemas now instead of at the end."""
+        self.psql(f"DROP SCHEMA {name} CASCADE", timeout=120)
+        self.schemas.remove(name)
+
+    def schema(self, tag):
+        """A fresh schema migrated by idemgate (see new_schema_name)."""
+        name = self.new_schema_name(tag)
         out = subprocess.run([str(shared.GATEWAY), "migrate", "--database-url", DATABASE_URL], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "IDEMGATE__RELAY__SCHEMA": name})
         if out.returncode != 0:
