@@ -189,7 +189,7 @@ fn describe(scoped: &ScopedKey, record: &Record) -> serde_json::Value {
             "replayable": response.is_some(),
             "status": response.as_ref().map(|r| r.status),
             "body_bytes": response.as_ref().map(|r| r.body.len()),
-            "header_names": response.as_ref().map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()),
+            "header_names": response.as_ref().map(|r| r.headers.keys().map(|n| n.as_str()).collect::<Vec<_>>()),
         }),
         Record::Unknown { fingerprint } => serde_json::json!({
             "scoped_key": scoped.to_hex(),

@@ -2,8 +2,8 @@
 //! marks a replay. Hop-by-hop headers ([`crate::http::headers`]) are never
 //! forwarded and never stored.
 
-use http::HeaderMap;
 use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue};
 
 use crate::http::headers::strip_hop_by_hop;
 
@@ -22,18 +22,24 @@ pub fn clean_response_head(head: &mut http::response::Parts) {
 
 /// The headers of an upstream response as they will be stored: hop-by-hop
 /// headers were already removed; deny-listed ones are dropped here.
-pub fn headers_to_store(headers: &HeaderMap, deny: &[HeaderName]) -> Vec<(String, Bytes)> {
-    headers
-        .iter()
-        .filter(|(name, _)| !deny.contains(name))
-        .map(|(name, value)| (name.as_str().to_owned(), Bytes::copy_from_slice(value.as_bytes())))
-        .collect()
+pub fn headers_to_store(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers.iter().filter(|(name, _)| !deny.contains(name)) {
+        // A copy of its own: the value shares one allocation with the whole
+        // upstream head (src/http/head.rs), deny-listed values too, and a
+        // stored response outlives that head by the key's TTL. (The copy is
+        // checked again; a value hyper took that the check would refuse is
+        // kept shared rather than lost.)
+        let copy =
+            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes())).unwrap_or_else(|_| value.clone());
+        kept.append(name.clone(), copy);
+    }
+    kept
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
     use http::header;
 
     #[test]
@@ -43,6 +49,7 @@ mod tests {
         headers.insert(header::SET_COOKIE, HeaderValue::from_static("s=1"));
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let stored = headers_to_store(&headers, &[header::DATE, header::SET_COOKIE]);
-        assert_eq!(stored, vec![("content-type".to_string(), Bytes::from_static(b"application/json"))]);
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[header::CONTENT_TYPE], "application/json");
     }
 }

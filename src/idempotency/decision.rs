@@ -126,7 +126,7 @@ mod tests {
     }
 
     fn completed(fingerprint: Fingerprint, body: Option<&'static str>) -> Record {
-        let response = body.map(|b| StoredResponse { status: 201, headers: vec![], body: b.into() });
+        let response = body.map(|b| StoredResponse { status: 201, headers: Default::default(), body: b.into() });
         Record::Completed { fingerprint, response }
     }
 

@@ -1,8 +1,10 @@
 //! The record a store keeps per scoped key, and the response it replays.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderMap;
 
 use super::fingerprint::Fingerprint;
 
@@ -86,8 +88,11 @@ impl<'a> Completion<'a> {
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// Header names (lower case) and values, in order, minus hop-by-hop and deny-listed ones.
-    pub headers: Vec<(String, Bytes)>,
+    /// The upstream's headers minus hop-by-hop and deny-listed ones, in
+    /// its order: parsed once, when the response is stored or read from a
+    /// store, and shared, so the memory store hands out a record without
+    /// copying them.
+    pub headers: Arc<HeaderMap>,
     /// The whole body.
     pub body: Bytes,
 }
@@ -95,6 +100,6 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// Approximate bytes held, for memory accounting.
     pub fn size(&self) -> usize {
-        self.body.len() + self.headers.iter().map(|(n, v)| n.len() + v.len() + 16).sum::<usize>() + 32
+        self.body.len() + self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 16).sum::<usize>() + 32
     }
 }

@@ -2,9 +2,15 @@
 //!
 //! `version:u8 | status:u16 | header count:u32 | (len:u32 name, len:u32 value)* | body`,
 //! integers big endian. Decoding checks every length against what is left,
-//! so a corrupt or foreign value is an error, never a panic.
+//! so a corrupt or foreign value is an error, never a panic. Names and
+//! values are checked once here, where the record is read, and a pair that
+//! is no header (never written by [`encode`]) is left out, as a replay
+//! always did.
+
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::StoreError;
 use crate::idempotency::StoredResponse;
@@ -17,11 +23,11 @@ pub fn encode(response: &StoredResponse) -> Vec<u8> {
     out.put_u8(VERSION);
     out.put_u16(response.status);
     out.put_u32(response.headers.len() as u32);
-    for (name, value) in &response.headers {
-        out.put_u32(name.len() as u32);
-        out.put_slice(name.as_bytes());
+    for (name, value) in response.headers.iter() {
+        out.put_u32(name.as_str().len() as u32);
+        out.put_slice(name.as_str().as_bytes());
         out.put_u32(value.len() as u32);
-        out.put_slice(value);
+        out.put_slice(value.as_bytes());
     }
     out.put_slice(&response.body);
     out.to_vec()
@@ -39,7 +45,7 @@ pub fn decode(bytes: impl Into<Bytes>) -> Result<StoredResponse, StoreError> {
     }
     let status = buf.get_u16();
     let count = buf.get_u32() as usize;
-    let mut headers = Vec::with_capacity(count.min(256));
+    let mut headers = HeaderMap::with_capacity(count.min(256));
     let take = |buf: &mut Bytes| -> Result<Bytes, StoreError> {
         if buf.remaining() < 4 {
             return Err(corrupt("truncated header"));
@@ -53,10 +59,11 @@ pub fn decode(bytes: impl Into<Bytes>) -> Result<StoredResponse, StoreError> {
     for _ in 0..count {
         let name = take(&mut buf)?;
         let value = take(&mut buf)?;
-        let name = String::from_utf8(name.to_vec()).map_err(|_| corrupt("header name is not UTF-8"))?;
-        headers.push((name, value));
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(&name), HeaderValue::from_maybe_shared(value)) {
+            headers.append(name, value);
+        }
     }
-    Ok(StoredResponse { status, headers, body: buf })
+    Ok(StoredResponse { status, headers: Arc::new(headers), body: buf })
 }
 
 #[cfg(test)]
@@ -66,15 +73,28 @@ mod tests {
 
     #[test]
     fn a_response_round_trips() {
-        let response = StoredResponse {
-            status: 201,
-            headers: vec![
-                ("content-type".into(), Bytes::from_static(b"application/json")),
-                ("x-a".into(), Bytes::new()),
-            ],
-            body: Bytes::from_static(b"{\"id\":1}"),
-        };
+        let mut headers = HeaderMap::new();
+        headers.append("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-a", HeaderValue::from_static(""));
+        headers.append("x-b", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_bytes(b"\x80\xff\t").unwrap());
+        let response = StoredResponse { status: 201, headers: headers.into(), body: Bytes::from_static(b"{\"id\":1}") };
         assert_eq!(decode(encode(&response)).unwrap(), response);
+    }
+
+    #[test]
+    fn a_pair_that_is_no_header_is_left_out() {
+        let mut raw = vec![1, 0, 200, 0, 0, 0, 2];
+        for (name, value) in [(&b"bad name"[..], &b"v"[..]), (b"x-ok", b"ok\r\n")] {
+            raw.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            raw.extend_from_slice(name);
+            raw.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            raw.extend_from_slice(value);
+        }
+        raw.extend_from_slice(b"body");
+        let response = decode(raw).unwrap();
+        assert!(response.headers.is_empty(), "{:?}", response.headers);
+        assert_eq!(&response.body[..], b"body");
     }
 
     proptest! {

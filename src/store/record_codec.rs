@@ -128,7 +128,11 @@ mod tests {
     fn response() -> StoredResponse {
         StoredResponse {
             status: 201,
-            headers: vec![("content-type".into(), Bytes::from_static(b"application/json"))],
+            headers: http::HeaderMap::from_iter([(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            )])
+            .into(),
             body: Bytes::from_static(b"{\"id\":1}"),
         }
     }

@@ -174,7 +174,7 @@ impl<S: Store> Attempt<S> {
                     rules::settle_answer(buffered.head.status.as_u16(), whole, &route.status_policy);
                 let stored = (settle == Settle::Complete { keep_response: true }).then(|| StoredResponse {
                     status: buffered.head.status.as_u16(),
-                    headers: headers_to_store(&buffered.head.headers, &self.gateway.policy.response_header_deny),
+                    headers: headers_to_store(&buffered.head.headers, &self.gateway.policy.response_header_deny).into(),
                     body: buffered.prefix.clone(),
                 });
                 (settle, stored, outcome, respond(buffered))

@@ -2,7 +2,7 @@
 //! not record: replay, `409`, `422`, `502 outcome-unknown`, waiting for a
 //! running attempt, and fail-closed or fail-open.
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 
@@ -101,13 +101,8 @@ fn replay(stored: &StoredResponse) -> Response<ResponseBody> {
     let mut response = Response::new(full(stored.body.clone()));
     *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_maybe_shared(value.clone()))
-        {
-            headers.append(name, value);
-        }
-    }
+    headers.reserve(stored.headers.len() + 1);
+    headers.extend(stored.headers.iter().map(|(name, value)| (name.clone(), value.clone())));
     headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
 }

@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn every_decision_has_its_answer() {
-        let stored = StoredResponse { status: 201, headers: vec![], body: "ok".into() };
+        let stored = StoredResponse { status: 201, headers: Default::default(), body: "ok".into() };
         assert_eq!(answer_for(Decision::Replay(&stored)), Answer::Replay(&stored));
         assert_eq!(answer_for(Decision::Mismatch), Answer::Final(Disposition::Mismatch, Problem::KeyMismatch));
         assert_eq!(

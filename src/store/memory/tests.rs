@@ -20,7 +20,7 @@ fn key_in(shard: u8, n: u16) -> ScopedKey {
 }
 
 fn response(body_bytes: usize) -> StoredResponse {
-    StoredResponse { status: 200, headers: vec![], body: vec![b'x'; body_bytes].into() }
+    StoredResponse { status: 200, headers: Default::default(), body: vec![b'x'; body_bytes].into() }
 }
 
 impl MemoryStore {
