@@ -25,8 +25,12 @@
 //! The budgets count what the maps hold, expired records included, until a
 //! sweep or an overwrite removes them; a unit is reserved before an insert,
 //! so two racing inserts cannot both take the last one. The sweep for room
-//! visits every record, but takes one shard's lock at a time and only
-//! after the caller has dropped its own: nothing here ever holds two.
+//! visits every shard in which a record may have expired (each knows its
+//! earliest expiry), taking one shard's lock at a time and only after the
+//! caller has dropped its own: nothing here ever holds two. So a store
+//! full of live records refuses a new key at the cost of 64 uncontended
+//! locks; before, every refusal walked all its records (100,000 at the
+//! default limit), and a flood of new keys kept the CPU busy doing it.
 //!
 //! Expired records are also reclaimed without waiting for the store to
 //! fill: the first new key a shard sees after [`SWEEP_EVERY`] sweeps it
@@ -81,6 +85,12 @@ impl Budgets {
 struct Shard {
     map: HashMap<ScopedKey, Entry>,
     next_sweep: Instant,
+    /// No record of this shard expires before this (`None`: none held
+    /// since the last sweep), so a sweep before then frees nothing and is
+    /// skipped: a full store refuses a new key in 64 lock round trips, not
+    /// a walk over every record. Lowered wherever a record's expiry is
+    /// set; only a sweep raises it, to the earliest expiry it kept.
+    earliest: Option<Instant>,
 }
 
 struct Entry {
@@ -136,16 +146,28 @@ impl Shard {
     /// still recognised as a takeover; a sweep for room (`every` zero)
     /// drops everything expired.
     fn sweep(&mut self, now: Instant, every: Duration, budgets: &Budgets) {
+        if self.earliest.is_none_or(|earliest| now < earliest) {
+            return;
+        }
         let before = self.map.len();
+        let mut earliest = None;
         self.map.retain(|_, e| {
             let lapsed_recently = matches!(e.state, State::InFlight { .. }) && e.expires_at + every > now;
             let keep = e.expires_at > now || lapsed_recently;
-            if !keep {
+            if keep {
+                earliest = Some(earliest.map_or(e.expires_at, |t: Instant| t.min(e.expires_at)));
+            } else {
                 budgets.release(e);
             }
             keep
         });
+        self.earliest = earliest;
         tracing::debug!(swept = before - self.map.len(), "memory store sweep");
+    }
+
+    /// Notes that one of this shard's records now expires at `at`.
+    fn expires(&mut self, at: Instant) {
+        self.earliest = Some(self.earliest.map_or(at, |t| t.min(at)));
     }
 
     /// The live in-flight entry held under `fence`.
@@ -162,7 +184,7 @@ impl MemoryStore {
 
     fn with_sweep_interval(max_entries: usize, max_bytes: usize, sweep_every: Duration) -> Self {
         let now = Instant::now();
-        let shard = || Mutex::new(Shard { map: HashMap::new(), next_sweep: now + sweep_every });
+        let shard = || Mutex::new(Shard { map: HashMap::new(), next_sweep: now + sweep_every, earliest: None });
         Self {
             shards: (0..SHARDS).map(|_| shard()).collect(),
             budgets: Budgets { entries: Budget::new(max_entries), bytes: Budget::new(max_bytes) },
@@ -289,6 +311,7 @@ impl Store for MemoryStore {
                 *key,
                 Entry { fingerprint: *fingerprint, state: State::InFlight { fence }, expires_at: now + lease },
             );
+            shard.expires(now + lease);
             return Ok(Begin::Acquired { took_over });
         }
     }
@@ -296,7 +319,12 @@ impl Store for MemoryStore {
     async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        Ok(shard.held(key, fence, now).map(|e| e.expires_at = now + lease).is_some())
+        let Some(entry) = shard.held(key, fence, now) else {
+            return Ok(false);
+        };
+        entry.expires_at = now + lease;
+        shard.expires(now + lease);
+        Ok(true)
     }
 
     async fn complete(
@@ -328,6 +356,7 @@ impl Store for MemoryStore {
             Completion::Response(_) | Completion::NotKept => State::Completed { response: kept.cloned() },
         };
         entry.expires_at = now + ttl;
+        shard.expires(now + ttl);
         self.budgets.bytes.release(held_before);
         Ok(true)
     }

@@ -66,6 +66,39 @@ async fn a_full_store_makes_room_from_expired_records() {
     store.assert_accounting_is_exact();
 }
 
+/// Whether `store` refuses a new key `n` of shard 9 (acquiring it otherwise).
+async fn refuses(store: &MemoryStore, n: u16) -> bool {
+    let begin = store.try_begin(&key_in(9, n), &Fingerprint([1; 32]), Fence(9), Duration::from_secs(3600)).await;
+    matches!(begin, Err(StoreError::Full(_)))
+}
+
+/// A full store skips the shards where nothing can have expired yet (see
+/// `Shard::earliest`); every way a record's expiry is set after the last
+/// sweep still makes its shard count when that time comes.
+#[tokio::test(start_paused = true)]
+async fn a_full_store_makes_room_from_records_whose_expiry_was_set_after_its_last_sweep() {
+    const LONG: Duration = Duration::from_secs(3600);
+    const SHORT: Duration = Duration::from_secs(1);
+    let after_short = SHORT + Duration::from_millis(1);
+    let store = MemoryStore::new(2, DEFAULT_MAX_BYTES);
+    let fp = Fingerprint([1; 32]);
+    store.try_begin(&key_in(0, 0), &fp, Fence(1), LONG).await.unwrap();
+    store.try_begin(&key_in(1, 0), &fp, Fence(2), LONG).await.unwrap();
+    assert!(refuses(&store, 0).await, "two live records: full, and the sweep found nothing to drop");
+    // A completion whose TTL is shorter than the lease it ends.
+    assert!(store.complete(&key_in(0, 0), Fence(1), Completion::NotKept, SHORT).await.unwrap());
+    assert!(refuses(&store, 0).await, "nothing expired yet");
+    tokio::time::advance(after_short).await;
+    assert!(!refuses(&store, 0).await, "the completed record expired and made room");
+    // A new key whose lease is the first expiry of a shard last swept empty.
+    assert!(store.release(&key_in(9, 0), Fence(9)).await.unwrap());
+    store.try_begin(&key_in(2, 0), &fp, Fence(3), SHORT).await.unwrap();
+    assert!(refuses(&store, 1).await);
+    tokio::time::advance(after_short).await;
+    assert!(!refuses(&store, 1).await, "the lapsed attempt made room");
+    store.assert_accounting_is_exact();
+}
+
 #[tokio::test]
 async fn the_entry_limit_is_one_budget_for_the_whole_store() {
     let store = MemoryStore::from_url("memory://?max_entries=50").unwrap();
