@@ -4,6 +4,9 @@
     E2  idemgate.enqueue once per row, 1,000 ordering keys
     E3  idemgate.enqueue_many, one call for every row, no ordering key
     E4  idemgate.enqueue_many, one call for every row, 1,000 ordering keys
+    E3R, E4R  E3's and E4's rows through the Rust helper (outbox-bench
+        enqueue-many: enqueue_many on a Transaction, binary parameters),
+        measured, no target: what the helper adds to the SQL function
 
 With E3, the reference the issue's target came from runs in the same
 rounds: graphile-worker's bulk add_jobs (from npm, installed once into
@@ -28,14 +31,15 @@ import subprocess
 from pathlib import Path
 
 from .shared import say
-from .outbox_stack import DATABASE_URL, DESTINATION
+from .outbox_stack import DATABASE_URL, DESTINATION, bench
 
-IDS = ("E1", "E2", "E3", "E4")
+IDS = ("E1", "E2", "E3", "E4", "E3R", "E4R")
 KEYS = 1000
 # {"note": "x" * 70, "amount": i}: about 100 bytes of JSON text.
 PAYLOAD = "jsonb_build_object('amount', i, 'note', repeat('x', 70))"
 SCENARIOS = {"E1": ("row by row", False), "E2": ("row by row", True),
-             "E3": ("set-based", False), "E4": ("set-based", True)}
+             "E3": ("set-based", False), "E4": ("set-based", True),
+             "E3R": ("set-based, Rust helper", False), "E4R": ("set-based, Rust helper", True)}
 
 
 def statement(schema, sid, rows):
@@ -112,7 +116,13 @@ def enqueue_scenarios(runner, ob, wanted):
                 seconds = graphile_round(ob, cli, sid, rows, r)
             else:
                 schema = ob.schema(f"{sid.lower()}r{r}")
-                _, seconds = ob.timed(statement(schema, sid, rows), timeout=900)
+                if sid.endswith("R"):
+                    keys = ["--ordering-keys", str(KEYS)] if SCENARIOS[sid][1] else []
+                    seconds = bench(["enqueue-many", "--database-url", DATABASE_URL, "--schema", schema, "--rows",
+                                     str(rows), "--destination", DESTINATION, "--operation", sid.lower(), *keys],
+                                    timeout=900)["seconds"]
+                else:
+                    _, seconds = ob.timed(statement(schema, sid, rows), timeout=900)
                 left = ob.count(schema)
                 ob.drop_schema(schema)
                 if left != rows:
@@ -130,7 +140,7 @@ def enqueue_scenarios(runner, ob, wanted):
     runner.notes.append(
         f"- **E1–E4**: {rows:,} rows per statement into a fresh schema, ~100-byte payloads, {KEYS:,} ordering "
         f"keys when ordered, timed with the commit; medians of {rounds} interleaved round(s): "
-        + ", ".join(f"{sid} {med[sid]:,.0f} rows/s" for sid in ids)
+        + ", ".join(f"{sid} {med[sid]:,.0f} rows/s" for sid in ids if sid in med)
         + (f"; graphile-worker's add_jobs (the reference) {med['G3']:,.0f} rows/s without job keys, "
            f"{med['G3K']:,.0f} with a job_key per job (E3 vs them: {fmt(ratio('E3', 'G3'))}, "
            f"{fmt(ratio('E3', 'G3K'))})" if "G3" in med else "")
@@ -162,3 +172,7 @@ def enqueue_scenarios(runner, ob, wanted):
         runner.row("E4", what("E4") + (f"; vs E2 {fmt(ratio('E4', 'E2'))}" if "E2" in med else ""), cell("E4"),
                    ("E3", cell("E3")) if "E3" in med else None, e4, "≥ 0.8 × E3",
                    None if e4 is None else e4 >= 0.8)
+    for sid, sql in (("E3R", "E3"), ("E4R", "E4")):
+        if sid in med:
+            runner.row(sid, what(sid) + " (`enqueue_many` on a `tokio_postgres::Transaction`, outbox-bench)",
+                       cell(sid), (sql, cell(sql)) if sql in med else None, ratio(sid, sql))

@@ -6,6 +6,7 @@
 //! ```text
 //! outbox-bench enqueue-rate  --database-url URL --schema S --rate 1000 --duration-ms 10000 --out FILE
 //! outbox-bench claim-latency --database-url URL --schemas S1,S2 --samples 200 --batch 32
+//! outbox-bench enqueue-many  --database-url URL --schema S --rows 100000 [--ordering-keys 1000]
 //! ```
 //!
 //! - `enqueue-rate` (P8): an open-loop enqueuer. Message *i* is due at
@@ -19,6 +20,10 @@
 //!   turn (interleaved, same settings). After each timed claim, an untimed
 //!   statement puts the claimed rows back (`ready`, due now, like the
 //!   reaper does), so every schema keeps its number of ready rows.
+//! - `enqueue-many` (E3R, E4R): E3's (or E4's) rows, built in Rust and
+//!   enqueued by one `enqueue::enqueue_many_in` call on a transaction, then
+//!   committed; times the call and the commit (the helper's checks, the
+//!   parameters on the wire and the SQL function), not building the rows.
 //!
 //! Each prints one JSON object on stdout. Both are bounded in count and
 //! time; the database URL must point at 127.0.0.1 or a local socket.
@@ -29,7 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idemgate::outbox::claim;
-use idemgate::outbox::enqueue::derived_key;
+use idemgate::outbox::enqueue::{Message, derived_key};
+use idemgate::outbox::enqueue_many::enqueue_many_in;
 use idemgate::postgres::Schema;
 use tokio::sync::{Mutex, mpsc};
 use tokio_postgres::NoTls;
@@ -54,7 +60,8 @@ fn main() -> std::process::ExitCode {
         match command.as_str() {
             "enqueue-rate" => enqueue_rate(&flags).await,
             "claim-latency" => claim_latency(&flags).await,
-            other => Err(format!("unknown command {other:?}: enqueue-rate or claim-latency").into()),
+            "enqueue-many" => enqueue_many(&flags).await,
+            other => Err(format!("unknown command {other:?}: enqueue-rate, claim-latency or enqueue-many").into()),
         }
     });
     match result {
@@ -229,4 +236,34 @@ async fn claim_latency(flags: &BTreeMap<String, String>) -> Result<String, Failu
         ));
     }
     Ok(format!("{{\"batch\":{batch},{}}}", parts.join(",")))
+}
+
+async fn enqueue_many(flags: &BTreeMap<String, String>) -> Result<String, Failure> {
+    let url = local_url(flags)?;
+    let schema = Schema::new(flag(flags, "schema")?)?;
+    let rows = number(flags, "rows", 100_000)?.clamp(1, 1_000_000);
+    let keys = number(flags, "ordering-keys", 0)?;
+    let destination = flags.get("destination").cloned().unwrap_or_else(|| "bench".into());
+    let operation = flags.get("operation").cloned().unwrap_or_else(|| "e3r".into());
+    // E3's rows: business key "<operation>:i", {"amount": i, "note": 70 × "x"}.
+    let business: Vec<String> = (1..=rows).map(|i| format!("{operation}:{i}")).collect();
+    let payloads: Vec<serde_json::Value> =
+        (1..=rows).map(|i| serde_json::json!({ "amount": i, "note": "x".repeat(70) })).collect();
+    let ordering: Vec<String> = (1..=rows).map(|i| format!("customer:{}", i % keys.max(1))).collect();
+    let messages: Vec<Message<'_>> = (0..rows as usize)
+        .map(|i| {
+            let message = Message::new(&destination, &operation, &business[i], &payloads[i]);
+            if keys > 0 { message.ordered_by(&ordering[i]) } else { message }
+        })
+        .collect();
+    let mut client = connect(&url).await?;
+    let started = Instant::now();
+    let transaction = client.transaction().await?;
+    let derived = enqueue_many_in(&schema, &transaction, &messages).await?;
+    transaction.commit().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    if derived.len() != messages.len() {
+        return Err(format!("{} keys for {} messages", derived.len(), messages.len()).into());
+    }
+    Ok(serde_json::json!({ "rows": rows, "seconds": seconds }).to_string())
 }
