@@ -62,19 +62,30 @@ struct Demo {
 
 impl Demo {
     /// Starts it and waits (bounded) until it has printed its instructions.
+    /// The ports are free when picked, but another test's process may take
+    /// one before the demo binds it: then it starts again on new ones.
     fn start(env: &[(&str, &str)]) -> Self {
-        let (gateway, admin) = (loopback(), loopback());
-        let (child, dir) = spawn(gateway, admin, env);
-        let mut demo = Self { child, dir, gateway, admin };
-        let deadline = Instant::now() + START_TIMEOUT;
-        while !demo.stdout().contains(READY) {
-            if let Some(status) = demo.child.try_wait().expect("poll idemgate demo") {
-                panic!("idemgate demo exited with {status}:\n{}", demo.stderr());
+        for _ in 0..5 {
+            let (gateway, admin) = (loopback(), loopback());
+            let (child, dir) = spawn(gateway, admin, env);
+            let mut demo = Self { child, dir, gateway, admin };
+            let deadline = Instant::now() + START_TIMEOUT;
+            while !demo.stdout().contains(READY) {
+                if let Some(status) = demo.child.try_wait().expect("poll idemgate demo") {
+                    let stderr = demo.stderr();
+                    if stderr.contains("Address already in use") {
+                        break;
+                    }
+                    panic!("idemgate demo exited with {status}:\n{stderr}");
+                }
+                assert!(Instant::now() < deadline, "idemgate demo printed no instructions:\n{}", demo.stderr());
+                std::thread::sleep(Duration::from_millis(20));
             }
-            assert!(Instant::now() < deadline, "idemgate demo printed no instructions:\n{}", demo.stderr());
-            std::thread::sleep(Duration::from_millis(20));
+            if demo.stdout().contains(READY) {
+                return demo;
+            }
         }
-        demo
+        panic!("idemgate demo found no free ports in 5 tries");
     }
 
     fn stdout(&self) -> String {
