@@ -40,11 +40,9 @@ fn unpack(codec: &RecordCodec, mut packed: Vec<u8>) -> Result<StoredFields, Stor
         b'0' => false,
         _ => return Err(codec.corrupt("bad response marker")),
     };
-    let text = |bytes: &[u8]| std::str::from_utf8(bytes).ok().map(str::to_owned);
     let mut parts = packed[HEADER..].splitn(3, |&b| b == b':');
-    let fence = parts.next().and_then(text).and_then(|f| f.parse().ok());
-    let remaining = parts.next().ok_or_else(truncated)?;
-    let lease_remaining_ms = text(remaining).and_then(|r| r.parse().ok());
+    let fence = parts.next().and_then(number);
+    let lease_remaining_ms = number(parts.next().ok_or_else(truncated)?);
     let response_at = packed.len() - parts.next().ok_or_else(truncated)?.len();
     let state = vec![packed[0]];
     let fingerprint = packed[1..33].to_vec();
@@ -54,6 +52,11 @@ fn unpack(codec: &RecordCodec, mut packed: Vec<u8>) -> Result<StoredFields, Stor
         packed
     });
     Ok(StoredFields { state, fingerprint, fence, lease_remaining_ms, response })
+}
+
+/// A decimal number written as text, read in place.
+fn number<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
 fn five_fields(codec: &RecordCodec, fields: Vec<Value>) -> Result<StoredFields, StoreError> {
