@@ -66,26 +66,29 @@ impl Demo {
     /// one before the demo binds it: then it starts again on new ones.
     fn start(env: &[(&str, &str)]) -> Self {
         for _ in 0..5 {
-            let (gateway, admin) = (loopback(), loopback());
-            let (child, dir) = spawn(gateway, admin, env);
-            let mut demo = Self { child, dir, gateway, admin };
-            let deadline = Instant::now() + START_TIMEOUT;
-            while !demo.stdout().contains(READY) {
-                if let Some(status) = demo.child.try_wait().expect("poll idemgate demo") {
-                    let stderr = demo.stderr();
-                    if stderr.contains("Address already in use") {
-                        break;
-                    }
-                    panic!("idemgate demo exited with {status}:\n{stderr}");
-                }
-                assert!(Instant::now() < deadline, "idemgate demo printed no instructions:\n{}", demo.stderr());
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if demo.stdout().contains(READY) {
+            if let Some(demo) = Self::launch(env) {
                 return demo;
             }
         }
         panic!("idemgate demo found no free ports in 5 tries");
+    }
+
+    /// One start on fresh ports; `None` when one of them was taken meanwhile.
+    fn launch(env: &[(&str, &str)]) -> Option<Self> {
+        let (gateway, admin) = (loopback(), loopback());
+        let (child, dir) = spawn(gateway, admin, env);
+        let mut demo = Self { child, dir, gateway, admin };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !demo.stdout().contains(READY) {
+            if let Some(status) = demo.child.try_wait().expect("poll idemgate demo") {
+                let stderr = demo.stderr();
+                assert!(stderr.contains("Address already in use"), "idemgate demo exited with {status}:\n{stderr}");
+                return None;
+            }
+            assert!(Instant::now() < deadline, "idemgate demo printed no instructions:\n{}", demo.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(demo)
     }
 
     fn stdout(&self) -> String {

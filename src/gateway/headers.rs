@@ -2,12 +2,11 @@
 //! marks a replay. Hop-by-hop headers ([`crate::http::headers`]) are never
 //! forwarded and never stored.
 
+use http::HeaderMap;
 use http::header::HeaderName;
-use http::{HeaderMap, HeaderValue};
 
+use crate::http::head::detach_headers;
 use crate::http::headers::strip_hop_by_hop;
-
-use bytes::Bytes;
 
 /// The header that marks a replayed response.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -21,26 +20,24 @@ pub fn clean_response_head(head: &mut http::response::Parts) {
 }
 
 /// The headers of an upstream response as they will be stored: hop-by-hop
-/// headers were already removed; deny-listed ones are dropped here.
+/// headers were already removed; deny-listed ones are dropped here. The
+/// values kept get one allocation of their own ([`detach_headers`]): they
+/// shared one with the whole upstream head, deny-listed values too, and a
+/// stored response outlives that head by the key's TTL.
 pub fn headers_to_store(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
     let mut kept = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers.iter().filter(|(name, _)| !deny.contains(name)) {
-        // A copy of its own: the value shares one allocation with the whole
-        // upstream head (src/http/head.rs), deny-listed values too, and a
-        // stored response outlives that head by the key's TTL. (The copy is
-        // checked again; a value hyper took that the check would refuse is
-        // kept shared rather than lost.)
-        let copy =
-            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes())).unwrap_or_else(|_| value.clone());
-        kept.append(name.clone(), copy);
+        kept.append(name.clone(), value.clone());
     }
+    detach_headers(&mut kept);
     kept
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header;
+    use bytes::Bytes;
+    use http::{HeaderValue, header};
 
     #[test]
     fn deny_listed_headers_are_not_stored() {
@@ -51,5 +48,18 @@ mod tests {
         let stored = headers_to_store(&headers, &[header::DATE, header::SET_COOKIE]);
         assert_eq!(stored.len(), 1);
         assert_eq!(stored[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn stored_values_do_not_keep_the_upstream_head_alive() {
+        // As the upstream client leaves them: every value a slice of one buffer.
+        let head = Bytes::from(b"application/jsonsecret-cookie".to_vec());
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_maybe_shared(head.slice(..16)).unwrap());
+        headers.insert(header::SET_COOKIE, HeaderValue::from_maybe_shared(head.slice(16..)).unwrap());
+        let stored = headers_to_store(&headers, &[header::SET_COOKIE]);
+        let value = stored[header::CONTENT_TYPE].as_bytes();
+        assert_eq!(value, b"application/json");
+        assert!(!head.as_ptr_range().contains(&value.as_ptr()), "the stored value points into the upstream's head");
     }
 }

@@ -28,9 +28,8 @@
 //! visits every shard in which a record may have expired (each knows its
 //! earliest expiry), taking one shard's lock at a time and only after the
 //! caller has dropped its own: nothing here ever holds two. So a store
-//! full of live records refuses a new key at the cost of 64 uncontended
-//! locks; before, every refusal walked all its records (100,000 at the
-//! default limit), and a flood of new keys kept the CPU busy doing it.
+//! full of live records refuses a new key after 64 lock round trips, not
+//! a walk over every record.
 //!
 //! Expired records are also reclaimed without waiting for the store to
 //! fill: the first new key a shard sees after [`SWEEP_EVERY`] sweeps it
@@ -87,8 +86,7 @@ struct Shard {
     next_sweep: Instant,
     /// No record of this shard expires before this (`None`: none held
     /// since the last sweep), so a sweep before then frees nothing and is
-    /// skipped: a full store refuses a new key in 64 lock round trips, not
-    /// a walk over every record. Lowered wherever a record's expiry is
+    /// skipped. Lowered ([`Shard::expires`]) wherever a record's expiry is
     /// set; only a sweep raises it, to the earliest expiry it kept.
     earliest: Option<Instant>,
 }
@@ -150,24 +148,24 @@ impl Shard {
             return;
         }
         let before = self.map.len();
-        let mut earliest = None;
+        self.earliest = None;
+        let earliest = &mut self.earliest;
         self.map.retain(|_, e| {
             let lapsed_recently = matches!(e.state, State::InFlight { .. }) && e.expires_at + every > now;
             let keep = e.expires_at > now || lapsed_recently;
             if keep {
-                earliest = Some(earliest.map_or(e.expires_at, |t: Instant| t.min(e.expires_at)));
+                *earliest = earlier(*earliest, e.expires_at);
             } else {
                 budgets.release(e);
             }
             keep
         });
-        self.earliest = earliest;
         tracing::debug!(swept = before - self.map.len(), "memory store sweep");
     }
 
     /// Notes that one of this shard's records now expires at `at`.
     fn expires(&mut self, at: Instant) {
-        self.earliest = Some(self.earliest.map_or(at, |t| t.min(at)));
+        self.earliest = earlier(self.earliest, at);
     }
 
     /// The live in-flight entry held under `fence`.
@@ -248,6 +246,11 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The earlier of a bound that may be unset and `at`.
+fn earlier(bound: Option<Instant>, at: Instant) -> Option<Instant> {
+    Some(bound.map_or(at, |t| t.min(at)))
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

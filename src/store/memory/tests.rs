@@ -96,6 +96,11 @@ async fn a_full_store_makes_room_from_records_whose_expiry_was_set_after_its_las
     assert!(refuses(&store, 1).await);
     tokio::time::advance(after_short).await;
     assert!(!refuses(&store, 1).await, "the lapsed attempt made room");
+    // A renewal with a shorter lease than the one it renews.
+    assert!(store.renew(&key_in(9, 1), Fence(9), SHORT).await.unwrap());
+    assert!(refuses(&store, 2).await);
+    tokio::time::advance(after_short).await;
+    assert!(!refuses(&store, 2).await, "the attempt renewed for less lapsed and made room");
     store.assert_accounting_is_exact();
 }
 
