@@ -180,8 +180,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The variable Tokio takes its number of worker threads from (one per CPU
+/// the process may use, cgroup quota included, when it is unset).
+const WORKER_THREADS: &str = "TOKIO_WORKER_THREADS";
+
+/// The number of worker threads `TOKIO_WORKER_THREADS` asks for, read here
+/// because Tokio would panic on a value that is not one.
+fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
+    let Some(value) = value else { return Ok(None) };
+    match value.to_str().map(|text| text.trim().parse::<usize>()) {
+        Some(Ok(threads)) if threads > 0 => Ok(Some(threads)),
+        _ => Err(format!(
+            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 up, \
+             or unset it for one per CPU"
+        )),
+    }
+}
+
 fn run(command: Command) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = worker_threads(std::env::var_os(WORKER_THREADS))? {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime.enable_all().build().map_err(|e| e.to_string())?;
     match command {
         Command::Serve(args) => {
             let config = args.load()?;

@@ -128,6 +128,31 @@ fn a_bad_config_exits_2_with_a_message_naming_the_problem() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--upstream"));
 }
 
+/// A `TOKIO_WORKER_THREADS` (the number of worker threads) that is no such
+/// number is a clear error, not a panic inside Tokio; a good one is obeyed.
+#[tokio::test]
+async fn a_bad_worker_thread_count_exits_2_and_a_good_one_serves() {
+    for bad in ["0", "two", "-1", ""] {
+        let output = idemgate(&["serve", "--upstream", "http://127.0.0.1:9"], &[("TOKIO_WORKER_THREADS", bad)]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "TOKIO_WORKER_THREADS={bad:?}: {stderr}");
+        assert!(stderr.contains("TOKIO_WORKER_THREADS") && stderr.contains("from 1 up"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    // Five: no machine here has that many CPUs, so the default would show.
+    let upstream = Upstream::start().await;
+    let gateway = GatewayProcess::start(&upstream.url(), "memory://", &[("TOKIO_WORKER_THREADS", "5")]);
+    let reply = charge(gateway.addr, "/v1/charges", "k-threads").await.expect("the gateway answered");
+    assert_eq!(reply.status, 200);
+    assert_eq!(upstream.total(), 1);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.child.id())).expect("the gateway's threads");
+    let workers = tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("tokio-rt-worker"))
+        .count();
+    assert_eq!(workers, 5, "one Tokio worker thread per TOKIO_WORKER_THREADS");
+}
+
 /// A gateway SIGKILLed mid-call leaves an in-flight record; another gateway
 /// refuses the key while the lease lives, then takes it over. The second
 /// execution is what a lost gateway costs, and the upstream sees the same
