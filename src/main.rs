@@ -184,15 +184,19 @@ fn main() -> ExitCode {
 /// the process may use, cgroup quota included, when it is unset).
 const WORKER_THREADS: &str = "TOKIO_WORKER_THREADS";
 
+/// The most worker threads asked for that are taken: beyond, a typo (an
+/// extra zero) would abort the process at start, out of memory for stacks.
+const MAX_WORKER_THREADS: usize = 1024;
+
 /// The number of worker threads `TOKIO_WORKER_THREADS` asks for, read here
 /// because Tokio would panic on a value that is not one.
 fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
     let Some(value) = value else { return Ok(None) };
     match value.to_str().map(|text| text.trim().parse::<usize>()) {
-        Some(Ok(threads)) if threads > 0 => Ok(Some(threads)),
+        Some(Ok(threads)) if (1..=MAX_WORKER_THREADS).contains(&threads) => Ok(Some(threads)),
         _ => Err(format!(
-            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 up, \
-             or unset it for one per CPU"
+            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 to \
+             {MAX_WORKER_THREADS}, or unset it for one per CPU"
         )),
     }
 }
