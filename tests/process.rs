@@ -140,6 +140,8 @@ async fn a_bad_worker_thread_count_exits_2_and_a_good_one_serves() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
     // Five: no machine here has that many CPUs, so the default would show.
+    // (Tokio's blocking threads share the name; nothing here starts one:
+    // the upstream is an IP address, so no DNS lookup.)
     let upstream = Upstream::start().await;
     let gateway = GatewayProcess::start(&upstream.url(), "memory://", &[("TOKIO_WORKER_THREADS", "5")]);
     let reply = charge(gateway.addr, "/v1/charges", "k-threads").await.expect("the gateway answered");
