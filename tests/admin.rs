@@ -220,6 +220,7 @@ fn openapi_describes_exactly_the_routes_the_admin_listener_serves() {
 fn openapi_lists_every_problem_type() {
     let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
     use idemgate::gateway::problem::Problem;
+    use idemgate::gateway::spelling::Ambiguity;
     let all = [
         Problem::MissingKey,
         Problem::InvalidKey(idemgate::idempotency::KeyError::Empty),
@@ -237,6 +238,8 @@ fn openapi_lists_every_problem_type() {
         Problem::OutcomeUnknown { held: true },
         Problem::ResponseIncomplete,
         Problem::ResponseNotReplayable,
+        Problem::AmbiguousRequest(Ambiguity::Case),
+        Problem::AmbiguousRequest(Ambiguity::MethodOverride),
         Problem::NoRoute,
         Problem::Unauthorized,
         Problem::AdminDisabled,
@@ -249,6 +252,10 @@ fn openapi_lists_every_problem_type() {
     for problem in all {
         let uri = format!("urn:idemgate:problem:{}", problem.slug());
         assert!(spec.contains(&uri), "{uri} missing from openapi.yaml");
+    }
+    // The HTTP parser's refusals, written below the gateway.
+    for slug in ["malformed-request", "uri-too-long", "headers-too-large"] {
+        assert!(spec.contains(&format!("urn:idemgate:problem:{slug}")), "{slug} missing from openapi.yaml");
     }
 }
 

@@ -41,13 +41,15 @@ pub enum Disposition {
     BadBody,
     /// The request target or headers were over the limits (`414`, `431`).
     BadHead,
+    /// The path or method has more than one reading (`400`).
+    Ambiguous,
     /// No route matched (`404`). Keep it last: [`Disposition::COUNT`] counts up to it.
     NoRoute,
 }
 
 impl Disposition {
     /// Every disposition, in declaration order: `ALL[d as usize] == d`.
-    pub const ALL: [Disposition; 19] = [
+    pub const ALL: [Disposition; 20] = [
         Self::Passthrough,
         Self::Forwarded,
         Self::Released,
@@ -66,6 +68,7 @@ impl Disposition {
         Self::NotReplayable,
         Self::BadBody,
         Self::BadHead,
+        Self::Ambiguous,
         Self::NoRoute,
     ];
 
@@ -98,6 +101,7 @@ impl Disposition {
             Self::NotReplayable => "not-replayable",
             Self::BadBody => "bad-body",
             Self::BadHead => "bad-head",
+            Self::Ambiguous => "ambiguous",
             Self::NoRoute => "no-route",
         }
     }

@@ -22,6 +22,7 @@ pub mod request_log;
 pub mod rewrite;
 pub mod routes;
 pub mod server;
+pub mod spelling;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -248,7 +249,7 @@ impl<S: Store> Gateway<S> {
     /// Handles one client request that arrived on `connection`.
     pub async fn handle(
         self: &Arc<Self>,
-        request: Request<Incoming>,
+        mut request: Request<Incoming>,
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
@@ -263,8 +264,10 @@ impl<S: Store> Gateway<S> {
         if let Err(problem) = self.check_head(&request) {
             return self.log(None, Disposition::BadHead, None, at, problem.to_response());
         }
-        let Some(route) = self.routes.find(request.uri().path()) else {
-            return self.log(None, Disposition::NoRoute, None, at, Problem::NoRoute.to_response());
+        let route = match spelling::route(&self.routes, &mut request) {
+            Ok(Some(route)) => route,
+            Ok(None) => return self.log(None, Disposition::NoRoute, None, at, Problem::NoRoute.to_response()),
+            Err(problem) => return self.log(None, Disposition::Ambiguous, None, at, problem.to_response()),
         };
         let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
         self.log(Some(route), outcome, scoped, at, response)
@@ -293,9 +296,13 @@ impl<S: Store> Gateway<S> {
         // Both paths boxed: hyper keeps a connection's in-flight future in a
         // slot it allocates once per connection, as large as this future, so
         // an inline path would cost every connection, busy or idle, its size.
-        if !route.guards(request.method()) {
-            let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
-            return (disposition, None, response);
+        match spelling::judge_method(route, request.method(), request.headers()) {
+            Ok(spelling::Judged::Guarded) => {}
+            Ok(spelling::Judged::Unguarded) => {
+                let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
+                return (disposition, None, response);
+            }
+            Err(problem) => return (Disposition::Ambiguous, None, problem.to_response()),
         }
         match IdempotencyKey::from_headers(request.headers()) {
             Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,

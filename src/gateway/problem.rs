@@ -10,11 +10,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
+use super::spelling::Ambiguity;
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::{KeyError, TenantError};
 
-/// Prefix of every problem `type`; the suffix is [`Problem::slug`].
-pub const TYPE_PREFIX: &str = "urn:idemgate:problem:";
+/// Prefix of every problem `type`; the suffix is [`Problem::slug`]. The
+/// HTTP parser's refusals ([`crate::http::refusal`]) share it.
+pub use crate::http::refusal::TYPE_PREFIX;
 
 /// A failure the gateway reports to its client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +53,8 @@ pub enum Problem {
     },
     /// The request body broke off or was malformed.
     BadRequestBody,
+    /// The path or method has more than one reading among upstreams.
+    AmbiguousRequest(Ambiguity),
     /// The request body did not arrive within `request_body_timeout`.
     BodyTimeout,
     /// The upstream failed and nothing was stored (a guarded request).
@@ -111,6 +115,8 @@ impl Problem {
             Self::UriTooLong { .. } => "uri-too-long",
             Self::HeadersTooLarge { .. } => "headers-too-large",
             Self::BadRequestBody => "bad-request-body",
+            Self::AmbiguousRequest(Ambiguity::MethodCase(_) | Ambiguity::MethodOverride) => "ambiguous-method",
+            Self::AmbiguousRequest(_) => "ambiguous-path",
             Self::BodyTimeout => "request-body-timeout",
             Self::UpstreamUnavailable { .. } | Self::UnguardedUpstreamFailed { .. } => "upstream-unavailable",
             Self::UpstreamTimeout { .. } => "upstream-timeout",
@@ -131,9 +137,11 @@ impl Problem {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::MissingKey | Self::InvalidKey(_) | Self::AmbiguousTenant(_) | Self::BadRequestBody => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::MissingKey
+            | Self::InvalidKey(_)
+            | Self::AmbiguousTenant(_)
+            | Self::BadRequestBody
+            | Self::AmbiguousRequest(_) => StatusCode::BAD_REQUEST,
             Self::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -171,6 +179,8 @@ impl Problem {
             Self::UriTooLong { .. } => "URI too long",
             Self::HeadersTooLarge { .. } => "Request headers too large",
             Self::BadRequestBody => "Request body could not be read",
+            Self::AmbiguousRequest(Ambiguity::MethodCase(_) | Ambiguity::MethodOverride) => "Ambiguous method",
+            Self::AmbiguousRequest(_) => "Ambiguous path",
             Self::BodyTimeout => "Request body too slow",
             Self::UpstreamUnavailable { .. } | Self::UnguardedUpstreamFailed { .. } => "Upstream unavailable",
             Self::UpstreamTimeout { .. } => "Upstream timeout",
@@ -197,6 +207,7 @@ impl Problem {
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
+            Self::AmbiguousRequest(e) => format!("The request was not forwarded: {e}. Upstreams disagree about what such a request means; send the plain path, and the method in upper case."),
             Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),
             Self::UriTooLong { limit } => format!("The request target (path and query) is longer than {limit} bytes. It was not forwarded."),
             Self::HeadersTooLarge { limit } => format!("The request headers exceed {limit} bytes. It was not forwarded."),

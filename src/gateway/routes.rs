@@ -199,6 +199,15 @@ impl RouteTable {
         self.0.iter().find(|r| path.starts_with(&r.prefix))
     }
 
+    /// The first route whose prefix matches `path` when ASCII case is
+    /// ignored: the route an upstream that ignores case would take.
+    pub fn find_ignoring_case(&self, path: &str) -> Option<&Arc<Route>> {
+        let path = path.as_bytes();
+        self.0
+            .iter()
+            .find(|r| path.get(..r.prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(r.prefix.as_bytes())))
+    }
+
     /// The routes.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.0.iter()

@@ -57,6 +57,10 @@ pub enum UpstreamError {
     /// before a whole response head came back: the upstream may have acted.
     #[error("the upstream connection was lost after the request was sent: {0}")]
     Lost(#[source] hyper::Error),
+    /// The response head frames its body ambiguously (see [`framing`]):
+    /// the request was sent, and what the answer says cannot be trusted.
+    #[error("the upstream answered with a malformed response: {0}")]
+    Malformed(&'static str),
     /// The response body broke off after its head.
     #[error("the upstream response body broke off: {0}")]
     Body(#[source] hyper::Error),
@@ -73,7 +77,7 @@ impl UpstreamError {
     pub fn may_have_been_sent(&self) -> bool {
         match self {
             Self::Connect { .. } | Self::NoConnection(_) | Self::NotSent(_) | Self::Build(_) => false,
-            Self::Lost(_) | Self::Body(_) | Self::TimedOut(_) => true,
+            Self::Lost(_) | Self::Malformed(_) | Self::Body(_) | Self::TimedOut(_) => true,
         }
     }
 }
@@ -224,6 +228,9 @@ impl Pool {
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
+                    // The connection goes with the response: after a
+                    // malformed head, what follows on it is anyone's guess.
+                    framing(&response).map_err(UpstreamError::Malformed)?;
                     let lease = Lease { pool: self, sender, slot };
                     let (mut head, body) = response.into_parts();
                     super::head::detach_headers(&mut head.headers);
@@ -278,6 +285,31 @@ impl Pool {
             idle.pop_front();
         }
         idle.push_back(Idle { sender, since: Instant::now() });
+    }
+}
+
+/// Refuses a response whose framing upstreams and clients may read
+/// differently (request smuggling's other half, RFC 9112 §6.3): both
+/// `Content-Length` and `Transfer-Encoding`, a transfer coding other than
+/// `chunked` (hyper would hand over a body still gzipped, or read to the
+/// close), or a `1xx` as the final answer — `101` included, since no
+/// request sent through this client asks for an upgrade.
+fn framing<B>(response: &Response<B>) -> Result<(), &'static str> {
+    if response.status().is_informational() {
+        return Err("an informational (1xx) status as the final answer");
+    }
+    let headers = response.headers();
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter().peekable();
+    if codings.peek().is_none() {
+        return Ok(());
+    }
+    if headers.contains_key(header::CONTENT_LENGTH) {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    let mut codings = codings.flat_map(|value| value.as_bytes().split(|&b| b == b','));
+    match (codings.next(), codings.next()) {
+        (Some(only), None) if only.trim_ascii().eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err("a transfer coding other than chunked"),
     }
 }
 

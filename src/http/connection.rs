@@ -12,7 +12,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -66,6 +66,9 @@ pub struct Activity {
     started: AtomicU64,
     /// Milliseconds after `born` at which the last request ended.
     idle_since_ms: AtomicU64,
+    /// The service returned a response whose head is not written yet
+    /// ([`super::refusal`]).
+    answered: AtomicBool,
 }
 
 impl Default for Activity {
@@ -82,7 +85,18 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(0),
+            answered: AtomicBool::new(false),
         }
+    }
+
+    /// Marks a response returned by the service: the next write carries it.
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Release);
+    }
+
+    /// Whether a response was returned since the last call.
+    pub fn take_answered(&self) -> bool {
+        self.answered.swap(false, Ordering::AcqRel)
     }
 
     /// Marks a request in flight until the returned guard is dropped.

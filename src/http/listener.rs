@@ -115,8 +115,10 @@ pub async fn serve_listener<F, Fut>(
                 let in_flight = activity.begin();
                 super::head::detach_request(&mut request);
                 let response = handle(request, connection.clone());
+                let answered = activity.clone();
                 async move {
                     let response = response.await;
+                    answered.answered();
                     drop(in_flight);
                     Ok::<_, std::convert::Infallible>(response)
                 }
@@ -228,7 +230,7 @@ async fn serve_tls<S>(
     builders: &Builders,
     stream: TcpStream,
     service: S,
-    activity: &Activity,
+    activity: &Arc<Activity>,
     limits: &ServerLimits,
     closing: &CancellationToken,
 ) -> Result<(), BoxError>
@@ -262,7 +264,7 @@ async fn serve_connection<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
-    activity: &Activity,
+    activity: &Arc<Activity>,
     limits: &ServerLimits,
     closing: &CancellationToken,
 ) -> Result<(), BoxError>
@@ -277,6 +279,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    // hyper's bare answers to heads it cannot parse become problems.
+    let io = super::refusal::Refusals::new(io, activity.clone());
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);

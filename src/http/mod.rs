@@ -14,6 +14,10 @@
 //!   head held while a request is in flight does not make its connection
 //!   allocate a second one.
 //! - [`headers`] — the hop-by-hop headers no hop may pass on.
+//! - [`refusal`] — the HTTP/1 parser's bare refusals rewritten as
+//!   problem+json on their way out.
+//! - [`path`] — one spelling of a request path: normalised, or refused
+//!   where upstreams disagree about it.
 //! - [`tls`] — rustls on both sides: roots for clients, an acceptor for
 //!   listeners.
 //! - [`trace_context`] — W3C `traceparent`/`tracestate`: the trace id, and
@@ -25,6 +29,8 @@ pub mod connection;
 pub mod head;
 pub mod headers;
 pub mod listener;
+pub mod path;
+pub mod refusal;
 pub mod request_body;
 pub mod tls;
 pub mod trace_context;

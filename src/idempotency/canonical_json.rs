@@ -6,6 +6,13 @@
 //! their exact digits (`serde_json`'s `arbitrary_precision`), so two bodies
 //! that differ only in a digit past `f64` precision never look alike.
 //!
+//! `serde_json` hands a number to a visitor as a one-key map whose key is a
+//! private token; a document that spells that map itself
+//! (`{"$serde_json::private::Number":"500"}`) must not become the number
+//! 500. The two differ in how the digits arrive: the number's as an owned
+//! `String`, the document's string as one borrowed from (or copied out of)
+//! the input. [`TokenValue`] tells them apart.
+//!
 //! Objects with a repeated key are not canonicalised: parsers disagree on
 //! which value wins, so the gateway cannot know which one the upstream
 //! acts on. [`canonicalize`] returns `None` and the raw bytes are hashed.
@@ -31,10 +38,38 @@ pub fn canonicalize(body: &[u8]) -> Option<Vec<u8>> {
 struct Canonical(Value);
 
 /// The key `serde_json` (`arbitrary_precision`) hands a number under,
-/// spelled as in its `number.rs`; its own `Value` reads a map with this one
-/// key as a number, and so does [`Canonical`], so that both agree on every
-/// document.
+/// spelled as in its `number.rs`. Its own `Value` reads a document's map
+/// with this one key as a number too; [`Canonical`] does not.
 const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+/// What follows [`NUMBER_TOKEN`]: a number's digits, which `serde_json`
+/// hands over as an owned `String` (serde's `StringDeserializer`), or a
+/// string the document spelled, which its parser hands over borrowed or
+/// copied, never owned. Any other value there fails the parse, and the
+/// body is hashed raw.
+enum TokenValue {
+    Digits(String),
+    Spelled(String),
+}
+
+impl<'de> Deserialize<'de> for TokenValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TokenValueVisitor;
+        impl<'de> Visitor<'de> for TokenValueVisitor {
+            type Value = TokenValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number's digits or a string")
+            }
+            fn visit_string<E>(self, digits: String) -> Result<TokenValue, E> {
+                Ok(TokenValue::Digits(digits))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<TokenValue, E> {
+                Ok(TokenValue::Spelled(s.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(TokenValueVisitor)
+    }
+}
 
 impl<'de> Deserialize<'de> for Canonical {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -55,12 +90,17 @@ impl<'de> Visitor<'de> for CanonicalVisitor {
         let Some(first) = map.next_key::<String>()? else {
             return Ok(Value::Object(Map::new()));
         };
-        if first == NUMBER_TOKEN {
-            let digits: String = map.next_value()?;
-            return digits.parse::<Number>().map(Value::Number).map_err(de::Error::custom);
-        }
         let mut object = Map::new();
-        object.insert(first, map.next_value::<Canonical>()?.0);
+        if first == NUMBER_TOKEN {
+            match map.next_value()? {
+                TokenValue::Digits(digits) => {
+                    return digits.parse::<Number>().map(Value::Number).map_err(de::Error::custom);
+                }
+                TokenValue::Spelled(text) => object.insert(first, Value::String(text)),
+            };
+        } else {
+            object.insert(first, map.next_value::<Canonical>()?.0);
+        }
         while let Some(key) = map.next_key::<String>()? {
             let Canonical(value) = map.next_value()?;
             if object.insert(key, value).is_some() {
@@ -190,10 +230,6 @@ mod tests {
     #[test]
     fn the_one_pass_agrees_with_the_two_passes_on_edge_cases() {
         for doc in [
-            r#"{"$serde_json::private::Number":"12"}"#,
-            r#"{"$serde_json::private::Number":"x"}"#,
-            r#"{"$serde_json::private::Number":"1","a":2}"#,
-            r#"{"a":{"$serde_json::private::Number":"1.0e3"}}"#,
             r#"{"a":1,"b":{"a":1},"c":[{"a":1},{"a":1}]}"#,
             r#"{"a":1,"b":2,"a":1}"#,
             r#"["\u00e9\ud83d\ude00", -0, 1E400, 1e-400, null, true]"#,
@@ -205,6 +241,23 @@ mod tests {
         ] {
             assert_eq!(canonicalize(doc.as_bytes()), two_passes(doc.as_bytes()), "{doc}");
         }
+    }
+
+    #[test]
+    fn a_document_spelling_the_parsers_number_token_is_not_that_number() {
+        let token = r#"{"amount":{"$serde_json::private::Number":"500"}}"#;
+        assert_ne!(canon(token), canon(r#"{"amount":500}"#));
+        assert_eq!(canon(token).as_deref(), Some(token));
+        let escaped = r#"{"amount":{"\u0024serde_json::private::Number":"5\u0030\u0030"}}"#;
+        assert_eq!(canon(escaped).as_deref(), Some(token));
+        assert_eq!(
+            canon(r#"{"$serde_json::private::Number":"1","a":2}"#).as_deref(),
+            Some(r#"{"$serde_json::private::Number":"1","a":2}"#)
+        );
+        // Not a string there: hashed raw, so it meets no other body.
+        assert_eq!(canon(r#"{"$serde_json::private::Number":1}"#), None);
+        // Real numbers keep every digit, as before.
+        assert_eq!(canon(r#"{"amount":500.00}"#).as_deref(), Some(r#"{"amount":500.00}"#));
     }
 
     /// JSON-shaped text: documents, near-documents and repeated keys.

@@ -8,12 +8,31 @@
 //!
 //! The query sort is by name only and stable: `?b=1&a=1` is `?a=1&b=1`, but
 //! `?a=1&a=2` is not `?a=2&a=1`, because many frameworks read a repeated
-//! parameter as a list whose order is part of its meaning.
+//! parameter as a list whose order is part of its meaning. Names and values
+//! are compared as the upstream reads them, after percent-decoding:
+//! `?%61=1` is `?a=1`, so `?a=1&%61=2` and `?%61=2&a=1` (a list `[1, 2]`
+//! against `[2, 1]`) differ. Each is hashed in one canonical spelling —
+//! unreserved characters plain, every other byte an upper-case escape —
+//! except that a literal `+` stays `+`: form decoders read it as a space
+//! and `%2B` as a plus, so the two must not meet.
+
+use std::borrow::Cow;
 
 use http::{HeaderMap, Method, Uri, header::HeaderName};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, percent_encode};
 
 use super::canonical_json::canonicalize;
 use super::hash::FieldHasher;
+
+/// The method-override headers: frameworks that honour one run the method
+/// it names instead of the request's own. A request that carries one is
+/// fingerprinted with both methods, so it never shares a fingerprint with
+/// a request that names another method, or none.
+pub static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
 
 /// The digest that identifies a request's content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,13 +57,19 @@ impl FingerprintPolicy {
     /// Fingerprints a request whose body has been read in full.
     pub fn fingerprint(&self, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
         let mut hasher = FieldHasher::new();
-        hasher.field(method.as_str().as_bytes()).field(uri.path().as_bytes());
+        match METHOD_OVERRIDES.iter().any(|name| headers.contains_key(name)) {
+            false => hasher.field(method.as_str().as_bytes()),
+            // Never a method: a token has no space.
+            true => hasher.field(&overridden_method(method, headers)),
+        };
+        hasher.field(uri.path().as_bytes());
 
-        let mut params: Vec<&str> = uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()).collect();
+        let mut params: Vec<Cow<'_, str>> =
+            uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()).map(canonical_param).collect();
         // Stable, by name: the values of one name keep the order they came in.
-        params.sort_by_key(|param| param_name(param));
+        params.sort_by(|a, b| param_name(a).cmp(param_name(b)));
         hasher.field(&(params.len() as u64).to_be_bytes());
-        for param in params {
+        for param in &params {
             hasher.field(param.as_bytes());
         }
 
@@ -68,9 +93,50 @@ impl FingerprintPolicy {
     }
 }
 
-/// The (still percent-encoded) name of a `name=value` query parameter.
+/// `METHOD NAMED…`: the request's method and, upper-cased, what each
+/// override header names.
+fn overridden_method(method: &Method, headers: &HeaderMap) -> Vec<u8> {
+    let mut field = method.as_str().as_bytes().to_vec();
+    for value in METHOD_OVERRIDES.iter().flat_map(|name| headers.get_all(name)) {
+        field.push(b' ');
+        field.extend(value.as_bytes().trim_ascii().iter().map(u8::to_ascii_uppercase));
+    }
+    field
+}
+
+/// The name of a canonical `name=value` query parameter.
 fn param_name(param: &str) -> &str {
     param.split_once('=').map_or(param, |(name, _)| name)
+}
+
+/// Every byte but the unreserved ones (RFC 3986 §2.3) is escaped.
+const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// A raw `name=value` (or `name`) parameter in its canonical spelling
+/// (module doc); borrowed when it is canonical already, as most are.
+fn canonical_param(raw: &str) -> Cow<'_, str> {
+    let plain = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+');
+    match raw.split_once('=') {
+        Some((name, value)) if name.bytes().all(|b| plain(&b)) && value.bytes().all(|b| plain(&b)) => {
+            Cow::Borrowed(raw)
+        }
+        None if raw.bytes().all(|b| plain(&b)) => Cow::Borrowed(raw),
+        Some((name, value)) => Cow::Owned(format!("{}={}", canonical_component(name), canonical_component(value))),
+        None => Cow::Owned(canonical_component(raw)),
+    }
+}
+
+/// One name or value: decoded, then escaped again canonically, piece by
+/// piece between literal `+`s.
+fn canonical_component(raw: &str) -> String {
+    let pieces: Vec<String> = raw
+        .split('+')
+        .map(|piece| {
+            let decoded: Cow<'_, [u8]> = percent_decode_str(piece).into();
+            percent_encode(&decoded, ESCAPED).to_string()
+        })
+        .collect();
+    pieces.join("+")
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -117,6 +183,47 @@ mod tests {
         assert_ne!(fp("POST", "/p?a=1&a=2", None, ""), fp("POST", "/p?a=2&a=1", None, ""));
         assert_eq!(fp("POST", "/p?a=1&b=9&a=2", None, ""), fp("POST", "/p?b=9&a=1&a=2", None, ""));
         assert_ne!(fp("POST", "/p?a=1&b=9&a=2", None, ""), fp("POST", "/p?a=2&b=9&a=1", None, ""));
+    }
+
+    #[test]
+    fn names_and_values_are_compared_as_the_upstream_decodes_them() {
+        assert_eq!(fp("POST", "/p?%61=1", None, ""), fp("POST", "/p?a=1", None, ""));
+        assert_eq!(fp("POST", "/p?a=%31", None, ""), fp("POST", "/p?a=1", None, ""));
+        assert_eq!(fp("POST", "/p?a=%c3%a9", None, ""), fp("POST", "/p?a=%C3%A9", None, ""));
+        assert_eq!(fp("POST", "/p?a=x:y", None, ""), fp("POST", "/p?a=x%3Ay", None, ""));
+        // The upstream reads a=[1,2] against a=[2,1].
+        assert_ne!(fp("POST", "/p?a=1&%61=2", None, ""), fp("POST", "/p?%61=2&a=1", None, ""));
+        assert_eq!(fp("POST", "/p?a=1&%61=2", None, ""), fp("POST", "/p?a=1&a=2", None, ""));
+        // A form decoder reads `+` as a space and `%2B` as a plus.
+        assert_ne!(fp("POST", "/p?a=1+2", None, ""), fp("POST", "/p?a=1%2B2", None, ""));
+        assert_ne!(fp("POST", "/p?a=%252B", None, ""), fp("POST", "/p?a=%2B", None, ""));
+        // An `=` or `&` inside a value is not a separator.
+        assert_ne!(fp("POST", "/p?a=1%26b=2", None, ""), fp("POST", "/p?a=1&b=2", None, ""));
+        assert_eq!(fp("POST", "/p?a=x=y", None, ""), fp("POST", "/p?a=x%3Dy", None, ""));
+    }
+
+    #[test]
+    fn a_method_override_counts_as_a_method_of_its_own() {
+        let with = |name: &'static str, value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static(value));
+            FingerprintPolicy::default().fingerprint(&Method::GET, &"/p".parse().unwrap(), &headers, b"")
+        };
+        let plain_get = fp("GET", "/p", None, "");
+        let as_post = with("x-http-method-override", "POST");
+        assert_ne!(as_post, plain_get);
+        assert_ne!(as_post, fp("POST", "/p", None, ""));
+        assert_ne!(as_post, with("x-http-method-override", "DELETE"));
+        assert_eq!(as_post, with("x-http-method", " post"));
+    }
+
+    #[test]
+    fn a_canonical_parameter_is_hashed_as_it_came() {
+        for raw in ["a=1", "b", "a=1+2", "x_y.z~=-"] {
+            assert!(matches!(canonical_param(raw), Cow::Borrowed(_)), "{raw}");
+        }
+        assert_eq!(canonical_param("%61=%7e"), "a=~");
+        assert_eq!(canonical_param("a=%2b+%20"), "a=%2B+%20");
     }
 
     #[test]

@@ -1,29 +1,16 @@
-//! Malformed and hostile HTTP gets a clear error and does not stall other
-//! clients: oversized headers, slow headers, broken chunked bodies, huge
-//! declared bodies. Raw TCP, so the client can misbehave on purpose.
-
-mod support;
+//! Malformed HTTP from a client gets a clear error and does not stall
+//! other clients: oversized headers, slow headers, broken chunked bodies,
+//! huge declared bodies, and heads the HTTP parser itself refuses.
 
 use std::time::Duration;
 
 use idemgate::config::ConfigDuration;
-use support::gateway::{TestGateway, config};
-use support::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Sends raw bytes and reads until the server closes or 5 s pass.
-async fn exchange(gateway: &TestGateway, raw: &[u8]) -> String {
-    let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
-    stream.write_all(raw).await.unwrap();
-    let mut reply = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut reply)).await;
-    String::from_utf8_lossy(&reply).into_owned()
-}
-
-fn status_of(reply: &str) -> u16 {
-    reply.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
-}
+use crate::support::gateway::{TestGateway, config};
+use crate::support::upstream::Upstream;
+use crate::{exchange, status_of};
 
 #[tokio::test]
 async fn oversized_headers_are_refused_with_431() {
@@ -192,4 +179,58 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_clients_reply() {
         let reply = exchange(&gateway, raw).await;
         assert!(reply.starts_with("HTTP/1.1 201"), "{reply}");
     }
+}
+
+/// The heads hyper refuses before the gateway sees a request are answered
+/// with problems like every other error, and the connection is closed.
+#[tokio::test]
+async fn heads_the_parser_refuses_are_problem_json() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let many_headers: String = (0..300).map(|n| format!("x-{n}: v\r\n")).collect();
+    let cases: [(Vec<u8>, u16, &str); 4] = [
+        (
+            b"POST /charge HTTP/1.1\r\nhost: x\r\nx-a: a\x7fb\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            400,
+            "malformed-request",
+        ),
+        (
+            b"POST /charge HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab".to_vec(),
+            400,
+            "malformed-request",
+        ),
+        (format!("GET /charge HTTP/1.1\r\nhost: x\r\n{many_headers}\r\n").into_bytes(), 431, "headers-too-large"),
+        // Pipelined behind a good request: the first answer is untouched;
+        // the last response (a 4xx) is the refusal.
+        (
+            b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\nx-a: \x00\r\n\r\n".to_vec(),
+            200,
+            "malformed-request",
+        ),
+    ];
+    for (raw, status, kind) in cases {
+        let reply = exchange(&gateway, &raw).await;
+        assert_eq!(status_of(&reply), status, "{reply}");
+        let last = reply.rfind("HTTP/1.1 4").unwrap_or_else(|| panic!("{reply:?}"));
+        let (head, body) = reply[last..].split_once("\r\n\r\n").unwrap_or_else(|| panic!("{reply:?}"));
+        assert!(head.contains("content-type: application/problem+json"), "{reply}");
+        assert!(head.contains(&format!("content-length: {}\r\n", body.len())), "{reply}");
+        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["type"], format!("urn:idemgate:problem:{kind}"), "{reply}");
+    }
+    assert_eq!(upstream.total(), 1, "only the good pipelined request reached the upstream");
+}
+
+/// An upstream's own bodiless `400` to a client that asked to close looks,
+/// byte for byte, like the parser's refusal: it reaches the client as the
+/// upstream sent it.
+#[tokio::test]
+async fn an_upstreams_bare_400_is_passed_through_unchanged() {
+    let upstream = crate::RawUpstream::start(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let reply = exchange(&gateway, b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    assert_eq!(status_of(&reply), 400, "{reply}");
+    assert!(!reply.contains("problem"), "{reply}");
+    assert!(reply.ends_with("\r\n\r\n"), "no body: {reply}");
+    assert_eq!(upstream.requests(), 1);
 }
