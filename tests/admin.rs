@@ -240,6 +240,7 @@ fn openapi_lists_every_problem_type() {
         Problem::ResponseNotReplayable,
         Problem::AmbiguousRequest(Ambiguity::Case),
         Problem::AmbiguousRequest(Ambiguity::MethodOverride),
+        Problem::ConnectionBusy,
         Problem::NoRoute,
         Problem::Unauthorized,
         Problem::AdminDisabled,

@@ -120,3 +120,50 @@ async fn the_store_may_be_redis_over_tls_with_a_private_ca() {
     assert!(gateway.post("/charge").key("rediss").json("{}").send().await.replayed());
     assert_eq!(upstream.total(), 1);
 }
+
+/// HTTP/2 stops counting a stream the client resets, but a guarded
+/// attempt runs on until its record settles: one connection that keeps
+/// resetting its streams still runs at most `max_streams_per_connection`
+/// upstream calls at once, is refused beyond them, and another client is
+/// served meanwhile.
+#[tokio::test]
+async fn a_connection_that_resets_its_streams_runs_at_most_its_stream_limit_upstream() {
+    const STREAMS: u32 = 20;
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.max_streams_per_connection = STREAMS;
+    let gateway = TestGateway::start(config).await;
+    let h2 = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let url = format!("http://{}/slow?ms=1500", gateway.addr);
+    let mut refused = 0;
+    for round in 0..4 {
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..STREAMS {
+            let request = Request::post(&url)
+                .header("idempotency-key", format!("reset-{round}-{n}"))
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let h2 = h2.clone();
+            // Dropped after 150 ms: the client resets the stream.
+            calls.spawn(async move {
+                tokio::time::timeout(std::time::Duration::from_millis(150), h2.request(request))
+                    .await
+                    .ok()
+                    .map(|r| r.map(|r| r.status()))
+            });
+        }
+        while let Some(call) = calls.join_next().await {
+            if let Some(Ok(status)) = call.unwrap() {
+                assert_eq!(status, 503, "only a refusal answers within 150 ms");
+                refused += 1;
+            }
+        }
+        // Another client is served while the attempts run on.
+        let other = gateway.get("/other").send().await;
+        assert_eq!(other.status, 200);
+    }
+    upstream.wait_finished(upstream.total()).await;
+    assert!(upstream.most_at_once() <= u64::from(STREAMS) + 1, "at once: {}", upstream.most_at_once());
+    assert!(refused > 0, "later rounds found the connection busy");
+    assert_eq!(upstream.total() - 4, 4 * u64::from(STREAMS) - refused, "every stream not refused ran once");
+}

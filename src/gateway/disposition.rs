@@ -43,13 +43,15 @@ pub enum Disposition {
     BadHead,
     /// The path or method has more than one reading (`400`).
     Ambiguous,
+    /// The connection has as many guarded attempts running as it may (`503`).
+    ConnectionBusy,
     /// No route matched (`404`). Keep it last: [`Disposition::COUNT`] counts up to it.
     NoRoute,
 }
 
 impl Disposition {
     /// Every disposition, in declaration order: `ALL[d as usize] == d`.
-    pub const ALL: [Disposition; 20] = [
+    pub const ALL: [Disposition; 21] = [
         Self::Passthrough,
         Self::Forwarded,
         Self::Released,
@@ -69,6 +71,7 @@ impl Disposition {
         Self::BadBody,
         Self::BadHead,
         Self::Ambiguous,
+        Self::ConnectionBusy,
         Self::NoRoute,
     ];
 
@@ -102,6 +105,7 @@ impl Disposition {
             Self::BadBody => "bad-body",
             Self::BadHead => "bad-head",
             Self::Ambiguous => "ambiguous",
+            Self::ConnectionBusy => "connection-busy",
             Self::NoRoute => "no-route",
         }
     }

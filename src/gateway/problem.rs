@@ -36,6 +36,9 @@ pub enum Problem {
     },
     /// The store could not be reached (fail-closed).
     StoreUnavailable,
+    /// The connection has `max_streams_per_connection` guarded attempts
+    /// still running (streams it reset run on until they settle).
+    ConnectionBusy,
     /// The request body is over the limit.
     BodyTooLarge {
         /// The limit in bytes.
@@ -111,6 +114,7 @@ impl Problem {
             Self::KeyMismatch => "key-mismatch",
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
+            Self::ConnectionBusy => "connection-busy",
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::UriTooLong { .. } => "uri-too-long",
             Self::HeadersTooLarge { .. } => "headers-too-large",
@@ -144,7 +148,7 @@ impl Problem {
             | Self::AmbiguousRequest(_) => StatusCode::BAD_REQUEST,
             Self::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::ConnectionBusy => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
@@ -175,6 +179,7 @@ impl Problem {
             Self::KeyMismatch => "Idempotency-Key reused for a different request",
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::ConnectionBusy => "Too many requests running on this connection",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::UriTooLong { .. } => "URI too long",
             Self::HeadersTooLarge { .. } => "Request headers too large",
@@ -206,6 +211,7 @@ impl Problem {
             Self::KeyMismatch => "This Idempotency-Key was already used with a different method, path, query, body or fingerprinted header. Use a new key for a new request.".into(),
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
+            Self::ConnectionBusy => "This connection already has as many guarded requests running upstream as it may have streams (requests whose streams were reset run on until they settle). The request was not forwarded and nothing was recorded; retry after Retry-After.".into(),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
             Self::AmbiguousRequest(e) => format!("The request was not forwarded: {e}. Upstreams disagree about what such a request means; send the plain path, and the method in upper case."),
             Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),
@@ -250,7 +256,7 @@ impl Problem {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         let retry_after = match self {
             Self::RequestInFlight { retry_after } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
-            Self::StoreUnavailable => Some(1),
+            Self::StoreUnavailable | Self::ConnectionBusy => Some(1),
             _ => None,
         };
         if let Some(seconds) = retry_after {

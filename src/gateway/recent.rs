@@ -155,7 +155,7 @@ mod tests {
         let listed = |d: Disposition| match d {
             Passthrough | Forwarded | Released | Replayed | Conflict | Mismatch | MissingKey | InvalidKey
             | AmbiguousTenant | StoreError | FailOpen | UpstreamError | TimedOut | Unknown | Held | NotReplayable
-            | BadBody | BadHead | Ambiguous | NoRoute => Disposition::ALL.get(d as usize) == Some(&d),
+            | BadBody | BadHead | Ambiguous | ConnectionBusy | NoRoute => Disposition::ALL.get(d as usize) == Some(&d),
         };
         assert!(Disposition::ALL.iter().all(|&d| listed(d)));
         assert!(listed(NoRoute) && NoRoute as usize == Disposition::ALL.len() - 1);

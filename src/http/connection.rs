@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use http::HeaderValue;
@@ -28,6 +29,13 @@ pub struct ConnectionInfo {
     pub client: ClientInfo,
     /// Request-body bytes this connection may hold buffered at once.
     pub body_budget: BodyBudget,
+    /// Slots for work a request leaves running after its stream is gone
+    /// (the gateway's guarded attempts, which settle their records however
+    /// the client leaves): HTTP/2 stops counting a stream the client
+    /// resets, so without these one connection that resets every stream
+    /// could start any number of upstream calls. As many as the
+    /// connection's concurrent streams.
+    pub running: Arc<Semaphore>,
 }
 
 /// Who sent a request, as the listener saw it.

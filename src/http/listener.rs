@@ -9,9 +9,10 @@
 //! - a TLS handshake, a new connection's first request and every HTTP/1.1
 //!   request's headers within `header_read_timeout`; a connection with no
 //!   request in flight for `idle_timeout` is closed ([`super::connection`]);
-//! - at most `max_streams_per_connection` concurrent HTTP/2 streams, and
-//!   `connection_body_budget` bytes of request bodies buffered per
-//!   connection ([`super::request_body`]);
+//! - at most `max_streams_per_connection` concurrent HTTP/2 streams, as
+//!   many requests still running after their stream was reset
+//!   ([`ConnectionInfo::running`]), and `connection_body_budget` bytes of
+//!   request bodies buffered per connection ([`super::request_body`]);
 //! - a shutdown grace period: on shutdown the listener closes and open
 //!   connections finish their current requests (idle ones close at once).
 //!
@@ -106,6 +107,7 @@ pub async fn serve_listener<F, Fut>(
         let connection = Arc::new(ConnectionInfo {
             client: ClientInfo::new(addr, tls.is_some()),
             body_budget: BodyBudget::new(limits.connection_body_budget),
+            running: Arc::new(Semaphore::new(limits.max_streams_per_connection as usize)),
         });
         let activity = Arc::new(Activity::new());
         let service = {

@@ -30,6 +30,8 @@ use super::http_server::{HttpServer, Options};
 pub struct Effects {
     total: AtomicU64,
     finished: AtomicU64,
+    /// The most requests it was handling at once.
+    most_at_once: AtomicU64,
     by_key: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
     finished_signal: Notify,
@@ -87,6 +89,11 @@ impl Upstream {
         self.effects.last_headers.lock().unwrap().clone().unwrap_or_default()
     }
 
+    /// The most requests the upstream was handling at once.
+    pub fn most_at_once(&self) -> u64 {
+        self.effects.most_at_once.load(Ordering::SeqCst)
+    }
+
     /// Waits until the upstream has received (and acted on) `n` requests.
     pub async fn wait_started(&self, n: u64) {
         loop {
@@ -128,6 +135,7 @@ async fn handle(request: Request<Incoming>, effects: Arc<Effects>) -> Result<Res
         *effects.by_key.lock().unwrap().entry(key.clone()).or_default() += 1;
     }
     let n = effects.total.fetch_add(1, Ordering::SeqCst) + 1;
+    effects.most_at_once.fetch_max(n - effects.finished.load(Ordering::SeqCst), Ordering::SeqCst);
     effects.started_signal.notify_waiters();
     *effects.last_headers.lock().unwrap() = Some(request.headers().clone());
     let path = request.uri().path().to_owned();

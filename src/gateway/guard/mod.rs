@@ -53,6 +53,11 @@ pub(super) async fn run<S: Store>(
     key: IdempotencyKey,
     connection: &ConnectionInfo,
 ) -> Guarded {
+    // Taken before anything is read or recorded, and held by an acquired
+    // attempt until it has settled, whatever happens to the stream.
+    let Ok(running) = connection.running.clone().try_acquire_owned() else {
+        return (Disposition::ConnectionBusy, None, Problem::ConnectionBusy.to_response());
+    };
     let policy = &gateway.policy;
     let (parts, mut body) = request.into_parts();
     let limit = policy.max_request_body;
@@ -101,7 +106,11 @@ pub(super) async fn run<S: Store>(
             // `upstream_timeout` may abandon the attempt or its record.
             // Boxed, because a task's cell holds its future inline and tokio
             // moves that cell (kilobytes here) several times per spawn.
-            gateway.tasks.spawn(Box::pin(attempt.run(parts, body, begun_at, reply)));
+            let attempt = attempt.run(parts, body, begun_at, reply);
+            gateway.tasks.spawn(Box::pin(async move {
+                attempt.await;
+                drop(running);
+            }));
             answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
         }
         Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
