@@ -167,3 +167,45 @@ async fn a_connection_that_resets_its_streams_runs_at_most_its_stream_limit_upst
     assert!(refused > 0, "later rounds found the connection busy");
     assert_eq!(upstream.total() - 4, 4 * u64::from(STREAMS) - refused, "every stream not refused ran once");
 }
+
+/// An HTTP/2 client that never opens its flow-control window holds its
+/// responses in the gateway only until `send_timeout`: then the connection
+/// is dropped, and every record on it is settled all the same.
+#[tokio::test]
+async fn a_client_that_never_reads_is_dropped_after_the_send_timeout_and_its_records_replay() {
+    const STREAMS: usize = 8;
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.send_timeout = idemgate::config::ConfigDuration(std::time::Duration::from_secs(1));
+    config.gateway.max_stored_response = idemgate::config::ByteSize(2 << 20);
+    let gateway = TestGateway::start(config).await;
+    let stalled = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(0)
+        .build_http::<Full<Bytes>>();
+    let url = format!("http://{}/big?bytes={}", gateway.addr, 1 << 20);
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..STREAMS {
+        let request =
+            Request::post(&url).header("idempotency-key", format!("unread-{n}")).body(Full::new(Bytes::new())).unwrap();
+        let stalled = stalled.clone();
+        calls.spawn(async move {
+            let response = stalled.request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            // Never granted a window, the body cannot arrive; the gateway
+            // drops the connection instead of holding it for ever.
+            let read = tokio::time::timeout(std::time::Duration::from_secs(30), response.into_body().collect()).await;
+            assert!(matches!(read, Ok(Err(_))), "the body read ends with the dropped connection");
+        });
+    }
+    while let Some(call) = calls.join_next().await {
+        call.unwrap();
+    }
+    for n in 0..STREAMS {
+        let replay = gateway.post(&format!("/big?bytes={}", 1 << 20)).key(&format!("unread-{n}")).send().await;
+        assert_eq!(replay.status, 200);
+        assert!(replay.replayed(), "the record settled although its response was never read");
+        assert_eq!(replay.body.len(), 1 << 20);
+    }
+    assert_eq!(upstream.total(), STREAMS as u64);
+}

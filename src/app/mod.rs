@@ -157,6 +157,7 @@ pub fn limits(config: &Config) -> ServerLimits {
         max_streams_per_connection: g.max_streams_per_connection,
         connection_body_budget: g.connection_body_budget.0,
         shutdown_grace: g.shutdown_grace.0,
+        send_timeout: g.send_timeout.0,
     }
 }
 

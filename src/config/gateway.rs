@@ -123,6 +123,10 @@ pub struct GatewayConfig {
     pub request_body_timeout: ConfigDuration,
     /// A client connection with no request in flight for this long is closed.
     pub idle_timeout: ConfigDuration,
+    /// A client connection with a response larger than 64 KiB that its
+    /// client has not read from for this long is dropped (its record is
+    /// settled already; a retry replays it).
+    pub send_timeout: ConfigDuration,
     /// Concurrent HTTP/2 streams per client connection.
     pub max_streams_per_connection: u32,
     /// Longest request target (path and query) accepted; longer gets `414`.
@@ -162,6 +166,7 @@ impl Default for GatewayConfig {
             header_read_timeout: secs(10),
             request_body_timeout: secs(30),
             idle_timeout: secs(60),
+            send_timeout: secs(30),
             max_streams_per_connection: 100,
             connection_body_budget: ByteSize(4 << 20),
             max_uri_bytes: ByteSize(8 << 10),

@@ -63,6 +63,7 @@ impl Config {
             ("header_read_timeout", g.header_read_timeout),
             ("request_body_timeout", g.request_body_timeout),
             ("idle_timeout", g.idle_timeout),
+            ("send_timeout", g.send_timeout),
         ] {
             if value.0.is_zero() {
                 return invalid(format!("gateway.{name} must be more than 0s"));

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use http::HeaderValue;
 
 use super::request_body::BodyBudget;
+use super::sending::Sending;
 
 /// What a request handler knows of the connection it came on.
 #[derive(Debug, Clone)]
@@ -77,6 +78,8 @@ pub struct Activity {
     /// The service returned a response whose head is not written yet
     /// ([`super::refusal`]).
     answered: AtomicBool,
+    /// Large response bodies still being sent ([`super::sending`]).
+    sending: Sending,
 }
 
 impl Default for Activity {
@@ -94,7 +97,13 @@ impl Activity {
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(0),
             answered: AtomicBool::new(false),
+            sending: Sending::default(),
         }
+    }
+
+    /// The connection's large response bodies still being sent.
+    pub fn sending(&self) -> &Sending {
+        &self.sending
     }
 
     /// Marks a response returned by the service: the next write carries it.

@@ -55,6 +55,9 @@ pub struct ServerLimits {
     pub connection_body_budget: u64,
     /// Time allowed for in-flight work after shutdown starts.
     pub shutdown_grace: Duration,
+    /// A connection with a large response that its client has not taken a
+    /// slice of for this long is dropped ([`super::sending`]).
+    pub send_timeout: Duration,
 }
 
 impl ServerLimits {
@@ -68,6 +71,7 @@ impl ServerLimits {
             max_streams_per_connection: 16,
             connection_body_budget: 1 << 20,
             shutdown_grace: Duration::ZERO,
+            send_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -119,7 +123,7 @@ pub async fn serve_listener<F, Fut>(
                 let response = handle(request, connection.clone());
                 let answered = activity.clone();
                 async move {
-                    let response = response.await;
+                    let response = response.await.map(|body| super::sending::watch(&answered, body));
                     answered.answered();
                     drop(in_flight);
                     Ok::<_, std::convert::Infallible>(response)
@@ -287,6 +291,8 @@ where
     tokio::pin!(connection);
     let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
     tokio::pin!(idle);
+    let stalled = activity.sending().stalled(limits.send_timeout);
+    tokio::pin!(stalled);
     // A graceful close needs the peer's help in HTTP/2 (GOAWAY, then a PING
     // it must acknowledge): a connection still open this long after one was
     // asked for, with no request in flight, is dropped.
@@ -297,6 +303,11 @@ where
     loop {
         tokio::select! {
             served = connection.as_mut() => return served,
+            // Records are settled before they are answered: dropping the
+            // connection frees its responses and unsettles nothing.
+            () = &mut stalled => {
+                return Err(format!("a response waited {:?} for its client to read it", limits.send_timeout).into());
+            }
             () = &mut idle, if !closing_down => {
                 closing_down = true;
                 connection.as_mut().graceful_shutdown();

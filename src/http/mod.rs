@@ -14,6 +14,9 @@
 //!   head held while a request is in flight does not make its connection
 //!   allocate a second one.
 //! - [`headers`] — the hop-by-hop headers no hop may pass on.
+//! - [`sending`] — large responses handed over a slice at a time, and a
+//!   connection whose client stops reading one dropped after
+//!   `send_timeout`.
 //! - [`refusal`] — the HTTP/1 parser's bare refusals rewritten as
 //!   problem+json on their way out.
 //! - [`path`] — one spelling of a request path: normalised, or refused
@@ -32,5 +35,6 @@ pub mod listener;
 pub mod path;
 pub mod refusal;
 pub mod request_body;
+pub mod sending;
 pub mod tls;
 pub mod trace_context;
