@@ -113,7 +113,7 @@ async fn a_service_role_enqueues_new_duplicate_and_delivered_keys_and_can_touch_
         ("enqueue(text,text,text,jsonb,text,jsonb,jsonb)", &["search_path=pg_catalog, pg_temp"][..]),
         (
             "enqueue_many(text[],text[],text[],jsonb[],text[],jsonb[],jsonb[])",
-            &["search_path=pg_catalog, pg_temp", "jit=off"],
+            &["search_path=pg_catalog, pg_temp", "jit=off", "plan_cache_mode=force_generic_plan"],
         ),
     ] {
         let sql = fx
