@@ -153,3 +153,33 @@ fn a_sentinel_store_without_wait_replicas_and_a_wait_the_timeouts_leave_no_room_
     assert!(warnings.contains("wait_timeout = 3s is not shorter than the store timeout"), "{warnings}");
     assert!(!warnings.contains("add ?wait_replicas=1"), "{warnings}");
 }
+
+/// A typo next to a secret: a value without its quotes, a string without
+/// its closing quote. The error gives the line, the column and what was
+/// expected, and neither output shows the line, so not the secret either.
+#[test]
+fn a_parse_error_on_a_line_holding_a_secret_names_its_position_and_never_the_value() {
+    for (text, line) in [
+        ("[relay]\ndatabase_url = postgres://app:S3cretPw@127.0.0.1:5432/app\n", 2),
+        (
+            "[destinations.billing]\nurl = \"http://127.0.0.1:9100/\"\nheaders = { authorization = \"Bearer S3cretPw }\n",
+            3,
+        ),
+        ("[admin]\ntoken = \"S3cretPw\nauth = \"token\"\n", 2),
+    ] {
+        let config = ConfigFile::new(text);
+        let output = check_config(&config);
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        let (out, err) = (String::from_utf8_lossy(&output.stdout), stderr(&output));
+        assert!(!out.contains("S3cretPw") && !err.contains("S3cretPw"), "{text}\nstdout: {out}\nstderr: {err}");
+        assert!(err.contains(&format!("line {line}, column ")), "{err}");
+        assert!(err.contains("expected"), "{err}");
+    }
+    // A secret pasted into a field of another type: the field and the kinds, not the value.
+    let config = ConfigFile::new("[relay]\nlisten = \"S3cretPw\"\n");
+    let output = check_config(&config);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("relay.listen: invalid type: string, expected a boolean"), "{err}");
+    assert!(!err.contains("S3cretPw"), "{err}");
+}

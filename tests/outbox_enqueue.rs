@@ -265,3 +265,56 @@ async fn a_refused_row_names_its_index_and_fails_the_whole_call_and_transaction(
     drop(tx);
     assert_eq!(fx.count("true").await, 0);
 }
+
+/// A blank ordering key would put every message given one in a single
+/// global line, behind any failing head among them: `enqueue` and every
+/// row of `enqueue_many` refuse it, naming the argument, in the words of
+/// the Rust helper, which refuses it before sending anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_or_blank_ordering_key_is_refused_by_both_functions_and_the_helper() {
+    let fx = Fixture::start().await;
+    let payload = json!({});
+    for blank in ["", "  ", "\t"] {
+        let message = Message::new(DESTINATION, "notify", "order:1", &payload).ordered_by(blank);
+        let rust = message.check().expect_err("the helper refuses it");
+        assert_eq!(rust, Refusal::BlankOrderingKey, "{blank:?}");
+        let words = "ordering_key must not be empty or only whitespace (NULL means no order)";
+
+        let mut client = fx.schema.connect().await;
+        let tx = client.transaction().await.unwrap();
+        let single = fx.schema.sql("SELECT idemgate.enqueue('sink', 'notify', 'order:1', '{}', ordering_key => $1)");
+        let error = tx.query_one(&single, &[&blank]).await.expect_err("enqueue refuses it");
+        let db = error.as_db_error().expect("a database error");
+        assert_eq!((db.code().code(), db.message()), ("22023", format!("enqueue: {words}").as_str()), "{blank:?}");
+        assert_eq!(db.message(), rust.to_string());
+        drop(tx);
+
+        let tx = client.transaction().await.unwrap();
+        let many = fx.schema.sql(
+            "SELECT idemgate.enqueue_many('{sink,sink}', '{notify,notify}', '{a,b}', '{\"{}\",\"{}\"}',
+                                          ordering_key => ARRAY['customer:1', $1])",
+        );
+        let error = tx.query_one(&many, &[&blank]).await.expect_err("enqueue_many refuses the row");
+        let db = error.as_db_error().expect("a database error");
+        let row = format!("enqueue_many: row 1 (0-based): {words}");
+        assert_eq!((db.code().code(), db.message()), ("22023", row.as_str()), "{blank:?}");
+        drop(tx);
+
+        let tx = client.transaction().await.unwrap();
+        let error = enqueue_in(&fx.schema.schema, &tx, &message).await.expect_err("refused");
+        assert!(matches!(&error, OutboxError::Refused(Refusal::BlankOrderingKey)), "{error}");
+        let fine = Message::new(DESTINATION, "notify", "fine", &payload).ordered_by("customer:1");
+        let error = enqueue_many_in(&fx.schema.schema, &tx, &[fine, message]).await.expect_err("refused");
+        assert_eq!(error.to_string(), row);
+    }
+    // NULL is no order, and a key with text around spaces is a key.
+    let mut client = fx.schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let fine = fx.schema.sql(
+        "SELECT idemgate.enqueue_many('{sink,sink}', '{notify,notify}', '{c,d}', '{\"{}\",\"{}\"}',
+                                      ordering_key => ARRAY[NULL, ' k '])",
+    );
+    tx.query_one(&fine, &[]).await.expect("NULL and ' k ' are accepted");
+    tx.commit().await.unwrap();
+    assert_eq!(fx.count("true").await, 2, "only the accepted call enqueued anything");
+}

@@ -252,3 +252,93 @@ async fn serve_with_relay_runs_the_gateway_and_the_relay_in_one_process() {
     assert_eq!(upstream.keys().len(), 3);
     assert!(serve.terminate().success(), "SIGTERM stops both and exits 0");
 }
+
+/// A destination whose `401` page echoes the request headers it got: its
+/// bearer token, API key and the Basic credentials of its URL come back in
+/// every body. None of them reaches the dead row's `last_error`, the admin
+/// API's listing or the relay's log; `[redacted]` stands where they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_echoing_its_request_headers_never_makes_the_relay_store_or_print_its_secrets() {
+    use base64::Engine;
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+
+    const ADMIN_TOKEN: &str = "S3cret-admin-token-0123456789";
+    const BEARER: &str = "S3cret-bearer-7f3a9c";
+    const API_KEY: &str = "S3cret-api-key-51d0";
+    const PASSWORD: &str = "S3cret-url-password-88";
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("alice:{PASSWORD}"));
+    let secrets = [ADMIN_TOKEN, BEARER, API_KEY, PASSWORD, basic.as_str()];
+
+    let echo = support::http_server::HttpServer::start(|request: http::Request<hyper::body::Incoming>| async move {
+        let mut page = String::from("<h1>401 Unauthorized</h1><pre>you sent:\n");
+        for (name, value) in request.headers() {
+            page.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())));
+        }
+        Ok::<_, std::convert::Infallible>(
+            http::Response::builder().status(401).body(Full::new(Bytes::from(page))).unwrap(),
+        )
+    })
+    .await;
+    let schema = TestSchema::create().await;
+    let relay = support::relay_process::RelayProcess::start(&format!(
+        r#"
+[admin]
+token = "{ADMIN_TOKEN}"
+
+[relay]
+database_url = "{db}"
+schema = "{schema}"
+poll_interval = "100ms"
+
+[destinations.bearer]
+url = "http://{addr}/hook"
+headers = {{ authorization = "Bearer {BEARER}", x-api-key = "{API_KEY}" }}
+
+[destinations.basic]
+url = "http://alice:{PASSWORD}@{addr}/hook"
+"#,
+        db = schema.url,
+        schema = schema.name(),
+        addr = echo.addr
+    ));
+    let mut client = schema.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let payload = serde_json::json!({"n": 1});
+    for destination in ["bearer", "basic"] {
+        let message = idemgate::outbox::enqueue::Message::new(destination, "notify", "order:1", &payload);
+        idemgate::outbox::enqueue::enqueue_in(&schema.schema, &tx, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let dead = schema.sql("SELECT last_error FROM idemgate.outbox WHERE state = 'dead' ORDER BY destination");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reasons: Vec<String> = loop {
+        let rows = client.query(&dead, &[]).await.unwrap();
+        if rows.len() == 2 {
+            break rows.iter().map(|r| r.get(0)).collect();
+        }
+        assert!(Instant::now() < deadline, "the rows did not die; relay log:\n{}", relay.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let admin = relay.admin;
+    let (status, listing) = tokio::task::spawn_blocking(move || {
+        support::raw_http::request(admin, "GET", "/admin/outbox/dead", &support::raw_http::bearer(ADMIN_TOKEN), "")
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{listing}");
+    let log = relay.log_tail(400);
+    assert!(log.contains("outbox row is dead"), "{log}");
+    for reason in &reasons {
+        assert!(reason.starts_with("HTTP 401: ") && reason.contains("[redacted]"), "the echo came back: {reason}");
+    }
+    assert!(listing.contains("[redacted]"), "{listing}");
+    for secret in secrets {
+        for (what, text) in
+            [("last_error", reasons.join("\n")), ("the admin API", listing.clone()), ("the log", log.clone())]
+        {
+            assert!(!text.contains(secret), "{secret} in {what}:\n{text}");
+        }
+    }
+}

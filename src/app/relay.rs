@@ -28,7 +28,7 @@ pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>)
     // Parsed once: a bad sslmode or an unreadable sslrootcert stops the start here.
     let endpoint = Endpoint::parse(url.expose())?;
     let db = Database::open(relay_sessions(endpoint.clone()), config.relay.pool_size, schema)?;
-    let publisher = HttpPublisher::new(&config.destinations)?;
+    let publisher = HttpPublisher::new(&config.destinations)?.with_scrubber(config.scrubber());
     let policies = config.destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
     let listen = config.relay.listen.then_some(endpoint);
     Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))

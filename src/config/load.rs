@@ -35,7 +35,8 @@ impl Config {
             Some(path) => {
                 let text =
                     std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-                text.parse::<toml::Table>().map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Parse(format!("{}: {}", path.display(), located(&text, &e))))?
             }
             None => toml::Table::new(),
         };
@@ -110,16 +111,51 @@ fn apply_env(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), Confi
     Ok(())
 }
 
-/// A deserialization error on one line, the field first: toml ends its
-/// message with "\nin `gateway.lease`", which a log or a terminal would
-/// show as a second line, after the message it belongs to.
+/// A syntax error as its position and what the parser expected: toml's
+/// own text quotes the line, and the line may be `database_url =
+/// postgres://app:S3cret@…` missing its quotes, or a header value missing
+/// its closing one. The parser's message names tokens, never the input.
+fn located(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end().replace('\n', " ");
+    let Some(span) = error.span() else { return message };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+    format!("line {line}, column {column}: {message}")
+}
+
+/// A deserialization error on one line, the field first, and without the
+/// value it found: toml ends its message with "\nin `gateway.lease`",
+/// which a log or a terminal would show as a second line, after the
+/// message it belongs to; and serde's "invalid type: string \"…\"" quotes
+/// what was written, which may be a secret in the wrong field.
 fn one_line(error: &toml::de::Error) -> String {
     let text = error.to_string();
     let text = text.trim_end();
     match text.rsplit_once("\nin `") {
         Some((message, field)) if field.ends_with('`') => {
-            format!("{}: {}", &field[..field.len() - 1], message.trim_end().replace('\n', " "))
+            format!("{}: {}", &field[..field.len() - 1], without_value(&message.trim_end().replace('\n', " ")))
         }
-        _ => text.replace('\n', " "),
+        _ => without_value(&text.replace('\n', " ")),
     }
+}
+
+/// serde's messages that quote the value found, with only its kind left:
+/// `invalid type: string "…", expected a boolean` reads `invalid type:
+/// string, expected a boolean`; `unknown variant `…`, expected …` reads
+/// `unknown variant, expected …`.
+fn without_value(message: &str) -> String {
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some((found, expected)) = message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected ")) {
+            let kind = found.split(['`', '"']).next().unwrap_or("").trim_end();
+            return format!("{prefix}{kind}, expected {expected}");
+        }
+    }
+    if let Some((_, expected)) =
+        message.strip_prefix("unknown variant `").and_then(|rest| rest.split_once("`, expected "))
+    {
+        return format!("unknown variant, expected {expected}");
+    }
+    message.to_string()
 }

@@ -9,7 +9,8 @@
 //!
 //! The files: [`load`](Config::load) (the layers), the sections
 //! (`gateway.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
-//! [`ServiceUrl`]), `units.rs` (durations and sizes as people write them)
+//! [`ServiceUrl`]), `scrub.rs` ([`Scrubber`]: the config's secrets taken
+//! out of texts from outside before they are stored or printed), `units.rs` (durations and sizes as people write them)
 //! and `validate.rs`. Config is plain data: it calls nothing above the pure
 //! core, and what only a room's own code can check is that room's (see
 //! `crate::app::check`).
@@ -17,6 +18,7 @@
 mod gateway;
 mod load;
 mod relay;
+mod scrub;
 mod secret;
 mod units;
 mod validate;
@@ -33,6 +35,7 @@ pub use gateway::{
 };
 pub use load::Overrides;
 pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
+pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
 pub use secret::{Secret, ServiceUrl, StoreKind};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;

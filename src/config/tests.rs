@@ -173,3 +173,19 @@ fn default_route() -> RouteConfig {
     let flags = Overrides { upstream: Some("http://127.0.0.1:9000".into()), ..Overrides::default() };
     Config::load(None, Vec::new(), &flags).unwrap().routes.remove(0)
 }
+
+#[test]
+fn errors_name_the_field_and_what_was_expected_but_not_the_value_found() {
+    for (text, expected) in [
+        ("[relay]\nlisten = \"hunter2-secret\"\n", "relay.listen: invalid type: string, expected a boolean"),
+        (
+            "[gateway]\nfail_mode = \"hunter2-secret\"\n",
+            "gateway.fail_mode: unknown variant, expected `closed` or `open`",
+        ),
+        ("[relay]\nbatch_size = -5\n", "relay.batch_size: invalid value: integer, expected"),
+    ] {
+        let err = load(text, &[], &Overrides::default()).unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+        assert!(!err.contains("hunter2") && !err.contains("-5"), "{err}");
+    }
+}

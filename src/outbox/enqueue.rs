@@ -10,8 +10,8 @@
 //!
 //! **Refusals.** A message the relay could not deliver as meant is refused
 //! at enqueue, so the service's transaction fails visibly instead of the
-//! row failing later, unseen: an empty or whitespace-only business key, a
-//! header that is not a valid HTTP header, one the relay or the connection
+//! row failing later, unseen: an empty or whitespace-only business key or
+//! ordering key, a header that is not a valid HTTP header, one the relay or the connection
 //! owns (framing, hop-by-hop, `Idempotency-Key`), more than
 //! [`MAX_HEADER_BYTES`] of headers, a payload over the outbox's
 //! `max_payload`. The SQL function checks them all; [`Message::check`]
@@ -97,6 +97,10 @@ pub enum Refusal {
     /// Empty or only whitespace: every such message would share one key.
     #[error("enqueue: business_key must not be empty or only whitespace")]
     BlankBusinessKey,
+    /// Empty or only whitespace: every such message would wait in one
+    /// line, behind any failing head among them (`None` means no order).
+    #[error("enqueue: ordering_key must not be empty or only whitespace (NULL means no order)")]
+    BlankOrderingKey,
     /// A header name that is not an HTTP token.
     #[error("enqueue: headers: \"{0}\" is not a valid header name")]
     HeaderName(String),
@@ -204,10 +208,14 @@ impl<'a> Message<'a> {
 
     /// What `idemgate.enqueue` would refuse in this message, but the
     /// payload's size: the first fault in the function's order (business
-    /// key, then each header by name in byte order, then their total).
+    /// key, ordering key, then each header by name in byte order, then
+    /// their total).
     pub fn check(&self) -> Result<(), Refusal> {
         if is_blank(self.business_key) {
             return Err(Refusal::BlankBusinessKey);
+        }
+        if self.ordering_key.is_some_and(is_blank) {
+            return Err(Refusal::BlankOrderingKey);
         }
         let mut bytes = 0;
         for (name, value) in &self.headers {
@@ -354,6 +362,22 @@ mod tests {
         for fine in ["x", " order:1 ", "\u{a0}"] {
             assert_eq!(Message::new("email", "order-shipped", fine, &payload).check(), Ok(()), "{fine:?}");
         }
+    }
+
+    #[test]
+    fn an_empty_or_blank_ordering_key_is_refused_and_none_or_any_other_is_not() {
+        let payload = serde_json::json!({});
+        let message =
+            |ordering_key| Message::new("email", "order-shipped", "order:1", &payload).ordered_by(ordering_key);
+        for blank in ["", "  ", "\t", "\r\n\x0b\x0c"] {
+            assert_eq!(message(blank).check(), Err(Refusal::BlankOrderingKey), "{blank:?}");
+        }
+        for fine in ["customer:42", " k ", "\u{a0}"] {
+            assert_eq!(message(fine).check(), Ok(()), "{fine:?}");
+        }
+        assert_eq!(Message::new("email", "order-shipped", "order:1", &payload).check(), Ok(()), "no ordering key");
+        let both = Message::new("email", "order-shipped", " ", &payload).ordered_by("");
+        assert_eq!(both.check(), Err(Refusal::BlankBusinessKey), "the business key is checked first");
     }
 
     #[test]

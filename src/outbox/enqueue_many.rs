@@ -9,7 +9,10 @@
 //! the call in slice order — but the database does one `INSERT … SELECT`
 //! and one bookkeeping write per distinct ordering key instead of a
 //! function call with its statements per row: the call a batch job, a
-//! backfill or an import wants.
+//! backfill or an import wants. The rows go in in the order of their
+//! derived keys, after the call's ordering keys in byte order, so calls
+//! that share keys wait for each other but never deadlock, whatever the
+//! order of the slice.
 //!
 //! **Refusals.** Every message is checked ([`Message::check`]) before
 //! anything is sent, and the database checks them again (and the payloads'

@@ -46,6 +46,13 @@
 //!   returns it and it is published again *with the same key*.
 //! - **Per-ordering-key FIFO in commit order**; a failing (or dead) head
 //!   blocks only its own key. Rows without an ordering key go in parallel.
+//! - **No deadlock between enqueuers**: `enqueue` and `enqueue_many` lock
+//!   a call's ordering keys, then its derived keys, each in byte order,
+//!   whatever the order of its arguments; retention skips ordering keys
+//!   in use rather than wait for them.
+//! - **No configured secret is stored or printed**: a failure reason is
+//!   scrubbed of the config's secrets ([`crate::config::Scrubber`]) where
+//!   the publisher forms it, before `last_error`, the admin API or a log.
 //! - **Time** is only ever the database's `now()`: leases, backoffs and
 //!   retention are computed in SQL; the relay passes durations, never
 //!   instants (its own poll and renewal cadence uses local monotonic timers).

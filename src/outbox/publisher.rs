@@ -26,7 +26,10 @@
 //! reused) and dropped; at most [`MAX_ERROR_BODY`] bytes of a failure's
 //! body are kept for `last_error` and the log, and, like every other text
 //! that reaches either, they are [`printable`]: a destination cannot
-//! forge a log line.
+//! forge a log line. Every failure reason is scrubbed of the config's
+//! secrets ([`Scrubber`]) where it is formed, before it reaches either: a
+//! destination that echoes the headers it was sent (its own token among
+//! them) does not make the relay store or print that token.
 
 pub mod target;
 
@@ -43,7 +46,7 @@ use tokio::time::Instant;
 use super::claim::Claimed;
 use super::retry::{Class, classify_status, parse_retry_after};
 use crate::config::DEFAULT_MAX_CONNECTIONS;
-use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig};
+use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig, Scrubber};
 use crate::escape::printable;
 use crate::http::client::{Upstream, UpstreamBody};
 pub use target::Target;
@@ -68,12 +71,6 @@ pub enum Delivery {
         /// For `last_error` and logs.
         reason: String,
     },
-}
-
-impl Delivery {
-    fn failed(class: Class, retry_after: Option<Duration>, reason: &str) -> Self {
-        Self::Failed { class, retry_after, reason: printable(reason, MAX_REASON) }
-    }
 }
 
 /// Something that can attempt to deliver a claimed message.
@@ -106,6 +103,7 @@ struct HttpDestination {
 /// Publishes to HTTP destinations configured by name.
 pub struct HttpPublisher {
     destinations: HashMap<String, HttpDestination>,
+    scrubber: Scrubber,
 }
 
 impl HttpPublisher {
@@ -127,7 +125,22 @@ impl HttpPublisher {
             .map_err(|e| invalid(format!("ca_file: {e}")))?;
             destinations.insert(name.clone(), HttpDestination { target, timeout: config.timeout.0, client });
         }
-        Ok(Self { destinations })
+        Ok(Self { destinations, scrubber: Scrubber::of_destinations(configs.values()) })
+    }
+
+    /// Scrubs failure reasons with `scrubber` (the whole config's,
+    /// [`crate::config::Config::scrubber`]) instead of with the
+    /// destinations' secrets alone.
+    pub fn with_scrubber(mut self, scrubber: Scrubber) -> Self {
+        self.scrubber = scrubber;
+        self
+    }
+
+    /// A failed attempt, its reason scrubbed of every configured secret
+    /// and made printable: formed here, once, it is what `last_error`, the
+    /// admin API and the log line all show.
+    fn failed(&self, class: Class, retry_after: Option<Duration>, reason: &str) -> Delivery {
+        Delivery::Failed { class, retry_after, reason: printable(&self.scrubber.scrub(reason), MAX_REASON) }
     }
 }
 
@@ -135,20 +148,20 @@ impl Publisher for HttpPublisher {
     async fn publish(&self, message: &Claimed) -> Delivery {
         let Some(destination) = self.destinations.get(&message.destination) else {
             let reason = format!("no destination named {:?} is configured", message.destination);
-            return Delivery::failed(Class::Reject, None, &reason);
+            return self.failed(Class::Reject, None, &reason);
         };
         let request = match destination.target.request(message) {
             Ok(request) => request,
-            Err(reason) => return Delivery::failed(Class::Reject, None, &reason),
+            Err(reason) => return self.failed(Class::Reject, None, &reason),
         };
         let deadline = Instant::now() + destination.timeout;
         let sent = tokio::time::timeout_at(deadline, destination.client.send(request, destination.timeout)).await;
         let response = match sent {
             Err(_) => {
                 let reason = format!("no response within {:?}", destination.timeout);
-                return Delivery::failed(Class::Retry, None, &reason);
+                return self.failed(Class::Retry, None, &reason);
             }
-            Ok(Err(e)) => return Delivery::failed(Class::Retry, None, &e.to_string()),
+            Ok(Err(e)) => return self.failed(Class::Retry, None, &e.to_string()),
             Ok(Ok(response)) => response,
         };
         let status = response.status().as_u16();
@@ -163,11 +176,13 @@ impl Publisher for HttpPublisher {
             }
             return Delivery::Delivered;
         }
-        let mut reason = format!("HTTP {status}: {}", String::from_utf8_lossy(&kept));
+        // A secret the cut went through would escape the scrubbing whole.
+        let kept = if kept.len() >= MAX_ERROR_BODY { self.scrubber.trim_cut(&kept) } else { &kept[..] };
+        let mut reason = format!("HTTP {status}: {}", String::from_utf8_lossy(kept));
         if let Some(ending) = ending {
             reason.push_str(&format!(" ({ending})"));
         }
-        Delivery::failed(class, retry_after, &reason)
+        self.failed(class, retry_after, &reason)
     }
 }
 

@@ -16,7 +16,7 @@
 //!
 //! [`statements`] is the exact list for a role, pure, so the README, the
 //! `migrate --grant-…` flags and the tests share one truth; [`grant`] runs
-//! them in one transaction. The roles themselves (login, password) are the
+//! them in one transaction, under the migrations' advisory lock. The roles themselves (login, password) are the
 //! DBA's: `grant` refuses a role that does not exist rather than create one.
 
 use tokio_postgres::Client;
@@ -114,7 +114,9 @@ pub fn statements(schema: &Schema, duty: Duty, role: &Role) -> Vec<String> {
     list.iter().map(|s| schema.sql(s).replace("{schema}", schema.name()).replace("{role}", &role.quoted())).collect()
 }
 
-/// Runs the statements of every `(duty, role)` in one transaction;
+/// Runs the statements of every `(duty, role)` in one transaction, under
+/// the schema's migration lock ([`crate::postgres::migrate::lock`]), so
+/// grants from several `migrate` processes at once queue instead of failing;
 /// returns them, in order. Granting twice changes nothing.
 pub async fn grant(client: &mut Client, schema: &Schema, grants: &[(Duty, Role)]) -> Result<Vec<String>, RoleError> {
     let failed = |role: &Role| {
@@ -129,6 +131,9 @@ pub async fn grant(client: &mut Client, schema: &Schema, grants: &[(Duty, Role)]
     };
     let mut done = Vec::new();
     let transaction = client.transaction().await.map_err(RoleError::Transaction)?;
+    // Under the migrations' lock: another `migrate --grant-…` granting on
+    // the same objects at once made one of them fail.
+    crate::postgres::migrate::lock(&transaction, schema).await.map_err(RoleError::Transaction)?;
     for (duty, role) in grants {
         for statement in statements(schema, *duty, role) {
             transaction.batch_execute(&statement).await.map_err(failed(role))?;

@@ -2,9 +2,10 @@
 //!
 //! The migrations are SQL files embedded in the binary, numbered
 //! `NNNN_name.sql`. [`run`] applies the missing ones in order, all in one
-//! transaction that first takes a transaction-level advisory lock, so two
-//! migrators started together do not race: the second waits, then finds
-//! nothing to do. `idemgate.schema_migrations` records each applied
+//! transaction that first takes a transaction-level advisory lock
+//! ([`lock`]), so two migrators started together do not race: the second
+//! waits, then finds nothing to do. `migrate --grant-…` grants under the
+//! same lock, so parallel deploys that grant do not race either. `idemgate.schema_migrations` records each applied
 //! version with a checksum of its SQL; a recorded migration whose SQL has
 //! changed since is an error, never silently re-run. Running [`run`] twice
 //! changes nothing the second time.
@@ -15,7 +16,7 @@
 //! refreshed by every `idemgate migrate`. [`run`] alone (the Postgres key
 //! store runs it at start) leaves the row as it is.
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 
 use super::{Endpoint, ErrorChain, PostgresError, Schema};
 use crate::idempotency::hash::{hash_fields, to_hex};
@@ -60,6 +61,17 @@ fn checksum(migration: &Migration) -> String {
     to_hex(&hash_fields(&[migration.sql.as_bytes()]))
 }
 
+/// Waits for, then holds until `transaction` ends, the lock every change
+/// to `schema`'s objects is made under: the migrations and the grants of
+/// `outbox::roles`. One lock per schema: migrators of one schema queue,
+/// others do not wait. (Two `GRANT`s on one object at once fail with
+/// `tuple concurrently updated`: catalog rows are updated in place, not
+/// under a row lock that would make the second wait.)
+pub async fn lock(transaction: &Transaction<'_>, schema: &Schema) -> Result<(), tokio_postgres::Error> {
+    let lock = format!("idemgate.migrate:{}", schema.name());
+    transaction.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[&lock]).await.map(drop)
+}
+
 /// Applies the missing migrations to `schema`; returns the versions it applied.
 pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, PostgresError> {
     run_up_to(client, schema, latest_version()).await
@@ -69,9 +81,7 @@ pub async fn run(client: &mut Client, schema: &Schema) -> Result<Vec<i32>, Postg
 /// have left behind (upgrade tests start from there).
 pub async fn run_up_to(client: &mut Client, schema: &Schema, last: i32) -> Result<Vec<i32>, PostgresError> {
     let transaction = client.transaction().await?;
-    // One lock per schema: migrators of one schema queue, others do not wait.
-    let lock = format!("idemgate.migrate:{}", schema.name());
-    transaction.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[&lock]).await?;
+    lock(&transaction, schema).await?;
     transaction.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", schema.name())).await?;
     transaction.batch_execute(&schema.sql(BOOKKEEPING)).await?;
     let rows = transaction.query(&*schema.sql("SELECT version, checksum FROM idemgate.schema_migrations"), &[]).await?;

@@ -24,14 +24,16 @@
 //! - [`set_based`]: `enqueue_many` means row by row what `enqueue` means —
 //!   once per key within and across calls, nothing without the commit, per
 //!   ordering key input order within a call and commit order across
-//!   transactions, also when two race on the same keys;
+//!   transactions, also when two race on the same keys, and no deadlock
+//!   between calls and single enqueues whatever the order of their keys;
 //! - [`wake_ups`]: a relay finds new rows without notifications (polling),
 //!   promptly with them (`NOTIFY`), and again after its `LISTEN` session drops;
 //! - [`inspection`]: what an operator sees through the admin API — counts
 //!   per destination, rows held behind a dead head, dead rows paged;
 //! - [`retention`]: a long-running outbox stays cheap — history is dropped
 //!   by whole day partitions, and relay sessions never sort, so a claim reads
-//!   only the rows it takes.
+//!   only the rows it takes; retention never waits for an enqueuer's
+//!   ordering key (so never deadlocks with one).
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,6 +1,7 @@
 //! Retention: a long-running outbox stays cheap. Delivered history is
 //! dropped by whole day partitions, and relay sessions never sort, so a
-//! claim reads only the rows it takes however stale the statistics.
+//! claim reads only the rows it takes however stale the statistics. The
+//! cleanup of idle ordering keys never waits for an enqueuer.
 
 use std::time::Duration;
 
@@ -50,4 +51,78 @@ async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
     let plain = fx.db.pool.get().await.unwrap();
     let setting: String = plain.query_one("SHOW enable_sort", &[]).await.unwrap().get(0);
     assert_eq!(setting, "on", "only the relay's sessions");
+}
+
+/// Until `pid`'s backend waits for a lock or is idle again (its statement over).
+async fn blocked_or_done(fx: &Fixture, pid: i32) {
+    let probe = fx.schema.connect().await;
+    for _ in 0..500 {
+        let sql = "SELECT wait_event_type, state FROM pg_stat_activity WHERE pid = $1";
+        let Some(row) = probe.query_opt(sql, &[&pid]).await.unwrap() else { return };
+        let (wait, state): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        if wait.as_deref() == Some("Lock") || state.as_deref() != Some("active") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("backend {pid} neither waited for a lock nor finished");
+}
+
+/// Retention deletes idle ordering keys' sequence rows. It used to lock
+/// them in scan order and wait for one an enqueuer held while holding
+/// another that enqueuer then wanted: the enqueuer's transaction (the
+/// service's) was the deadlock's victim. Here the scan meets k2, k3, k1;
+/// another transaction holds k3 while the enqueuer holds k1 and then asks
+/// for k2. Retention now skips rows others hold and waits for none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_never_waits_for_an_ordering_key_an_enqueuer_holds() {
+    use idemgate::outbox::enqueue::{Message, enqueue_in};
+    let fx = Fixture::start().await;
+    let owner = fx.schema.connect().await;
+    let idle = "INSERT INTO idemgate.ordering_keys (ordering_key, last_seq, updated_at)
+                VALUES ('k2', 5, now() - interval '2 days'), ('k3', 5, now() - interval '2 days'),
+                       ('k1', 5, now() - interval '2 days')";
+    owner.batch_execute(&fx.schema.sql(idle)).await.unwrap();
+    let mut other = fx.schema.connect().await;
+    let holder = other.transaction().await.unwrap();
+    holder
+        .batch_execute(&fx.schema.sql("SELECT 1 FROM idemgate.ordering_keys WHERE ordering_key = 'k3' FOR UPDATE"))
+        .await
+        .unwrap();
+
+    let (schema, mut enqueuer) = (fx.schema.schema.clone(), fx.schema.connect().await);
+    let enqueuer_pid: i32 = enqueuer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let (first_done, first) = tokio::sync::oneshot::channel();
+    let (go_on, second) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(async move {
+        let tx = enqueuer.transaction().await?;
+        let payload = serde_json::json!({});
+        let message = |business_key, ordering_key| {
+            Message::new(crate::support::outbox::DESTINATION, "notify", business_key, &payload).ordered_by(ordering_key)
+        };
+        let database_error = |error| match error {
+            idemgate::outbox::OutboxError::Postgres(idemgate::postgres::PostgresError::Database(e)) => e,
+            other => panic!("enqueue: {other}"),
+        };
+        enqueue_in(&schema, &tx, &message("a", "k1")).await.map_err(database_error)?;
+        let _ = first_done.send(());
+        let _ = second.await;
+        enqueue_in(&schema, &tx, &message("b", "k2")).await.map_err(database_error)?;
+        tx.commit().await
+    });
+    first.await.unwrap();
+
+    let retention = fx.schema.connect().await;
+    let retention_pid: i32 = retention.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let sql = fx.schema.sql("SELECT idemgate.maintain_history(interval '7 days')");
+    let job = tokio::spawn(async move { retention.batch_execute(&sql).await });
+    blocked_or_done(&fx, retention_pid).await;
+    go_on.send(()).unwrap();
+    blocked_or_done(&fx, enqueuer_pid).await;
+    holder.commit().await.unwrap();
+    job.await.unwrap().expect("retention runs");
+    service.await.unwrap().expect("the service's transaction commits: no deadlock");
+    let left = fx.schema.sql("SELECT ordering_key FROM idemgate.ordering_keys ORDER BY 1");
+    let left: Vec<String> = owner.query(&left, &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(left, ["k1", "k2", "k3"], "k1 and k2 in use again, k3 skipped while held");
 }

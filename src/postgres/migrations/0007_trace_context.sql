@@ -73,7 +73,8 @@ DROP FUNCTION idemgate.enqueue_many(text[], text[], text[], jsonb[], text[], jso
 
 -- As in migrations 4 and 5, plus trace_context (see idemgate.trace_context):
 -- refused, after the headers and before the payload's size, only when it
--- is not an object of the two strings.
+-- is not an object of the two strings; and an empty or blank ordering key
+-- is refused after the business key.
 CREATE FUNCTION idemgate.enqueue(
     destination   text,
     operation     text,
@@ -101,6 +102,11 @@ BEGIN
     END IF;
     IF enqueue.business_key ~ '^[ \t\n\r\v\f]*$' THEN
         RAISE EXCEPTION 'enqueue: business_key must not be empty or only whitespace'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A blank ordering key would put every such message in one global line.
+    IF enqueue.ordering_key ~ '^[ \t\n\r\v\f]*$' THEN
+        RAISE EXCEPTION 'enqueue: ordering_key must not be empty or only whitespace (NULL means no order)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Most messages carry no headers: skip the check (µs per enqueue).
