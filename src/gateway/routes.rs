@@ -199,6 +199,12 @@ impl RouteTable {
         self.0.iter().find(|r| path.starts_with(&r.prefix))
     }
 
+    /// `true` when some prefix has a letter, so that ignoring case could
+    /// lead a path to another route.
+    pub fn case_matters(&self) -> bool {
+        self.0.iter().any(|r| r.prefix.bytes().any(|b| b.is_ascii_alphabetic()))
+    }
+
     /// The first route whose prefix matches `path` when ASCII case is
     /// ignored: the route an upstream that ignores case would take.
     pub fn find_ignoring_case(&self, path: &str) -> Option<&Arc<Route>> {

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Request, Response, StatusCode, response};
 use http_body_util::BodyExt;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
 use super::Answer;
@@ -64,12 +64,16 @@ pub(super) struct Attempt<S> {
 impl<S: Store> Attempt<S> {
     /// Runs an acquired attempt to its settled record; answers the client
     /// on `reply` (at `upstream_timeout` at the latest, with a `504`).
+    /// `_running` is the connection's slot, held until the record settled
+    /// (a parameter, not a wrapping future: that would copy this future,
+    /// kilobytes, once more per request).
     pub(super) async fn run(
         self,
         parts: http::request::Parts,
         body: BufferedBody,
         begun_at: Instant,
         reply: oneshot::Sender<Answer>,
+        _running: OwnedSemaphorePermit,
     ) {
         let policy = &self.gateway.policy;
         let mut reply = Some(reply);
@@ -144,7 +148,8 @@ impl<S: Store> Attempt<S> {
             // Sized by the declared length: grown by doubling instead, a
             // 1 MiB body sat in a 2 MiB allocation for its key's TTL.
             let declared = http_body::Body::size_hint(&body).exact().unwrap_or(0);
-            let mut prefix = BytesMut::with_capacity(usize::try_from(declared).unwrap_or(cap).min(cap.saturating_add(1)));
+            let mut prefix =
+                BytesMut::with_capacity(usize::try_from(declared).unwrap_or(cap).min(cap.saturating_add(1)));
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(UpstreamError::Body)?;
                 if let Ok(data) = frame.into_data() {

@@ -106,11 +106,7 @@ pub(super) async fn run<S: Store>(
             // `upstream_timeout` may abandon the attempt or its record.
             // Boxed, because a task's cell holds its future inline and tokio
             // moves that cell (kilobytes here) several times per spawn.
-            let attempt = attempt.run(parts, body, begun_at, reply);
-            gateway.tasks.spawn(Box::pin(async move {
-                attempt.await;
-                drop(running);
-            }));
+            gateway.tasks.spawn(Box::pin(attempt.run(parts, body, begun_at, reply, running)));
             answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
         }
         Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
