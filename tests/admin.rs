@@ -144,6 +144,48 @@ async fn a_plus_in_the_tenant_parameter_is_the_space_of_a_bearer_credential() {
     assert_eq!(escaped_plus.status, 404, "%2B is a literal +, another tenant");
 }
 
+/// With a source that names the principal, an operator names the tenant
+/// the same way: the Basic user name, or the verified claim's value.
+#[tokio::test]
+async fn an_operator_names_a_principals_tenant_by_its_user_name_or_claim() {
+    use base64::Engine;
+    use idemgate::config::{JwtClaimConfig, JwtKeys, TenantConfig};
+    let upstream = Upstream::start().await;
+    let auth = format!("Bearer {TOKEN}");
+    let mut basic = with_token(config(&upstream.url(), "memory://"));
+    basic.gateway.tenant = TenantConfig::BasicUser;
+    let gateway = TestGateway::start(basic).await;
+    let credential = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("alice:pw-v1"));
+    gateway.post("/charge").header("authorization", &credential).key("k1").json("{}").send().await;
+    let found = gateway.admin("GET", "/admin/keys/k1?tenant=alice").header("authorization", &auth).send().await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let bob = gateway.admin("GET", "/admin/keys/k1?tenant=bob").header("authorization", &auth).send().await;
+    assert_eq!(bob.status, 404);
+    let purged = gateway.admin("DELETE", "/admin/keys/k1?tenant=alice").header("authorization", &auth).send().await;
+    assert_eq!(purged.status, 204);
+
+    let dir = support::jwt::KeyDir::new();
+    let issuer = support::jwt::Hs256::new(&dir);
+    let mut jwt = with_token(config(&upstream.url(), "memory://"));
+    jwt.gateway.tenant = TenantConfig::JwtClaim(JwtClaimConfig {
+        claim: "sub".into(),
+        keys: JwtKeys::Hs256SecretFile(issuer.file.clone()),
+        issuer: support::jwt::ISSUER.into(),
+        audience: support::jwt::AUDIENCE.into(),
+    });
+    let gateway = TestGateway::start(jwt).await;
+    let token = issuer.sign(&support::jwt::claims("user-42"));
+    gateway.post("/charge").auth(&token).key("k2").json("{}").send().await;
+    let found = gateway.admin("GET", "/admin/keys/k2?tenant=user-42").header("authorization", &auth).send().await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let by_token = gateway
+        .admin("GET", &format!("/admin/keys/k2?tenant=Bearer+{token}"))
+        .header("authorization", &auth)
+        .send()
+        .await;
+    assert_eq!(by_token.status, 404, "the claim names the tenant, not the token");
+}
+
 #[tokio::test]
 async fn the_admin_token_is_accepted_with_a_lower_case_scheme() {
     let upstream = Upstream::start().await;
@@ -226,6 +268,7 @@ fn openapi_lists_every_problem_type() {
         Problem::InvalidKey(idemgate::idempotency::KeyError::Empty),
         Problem::KeyMismatch,
         Problem::AmbiguousTenant(idemgate::idempotency::TenantError::Repeated { header: http::header::AUTHORIZATION }),
+        Problem::Unauthenticated { challenge: "Bearer", why: String::new() },
         Problem::RequestInFlight { retry_after: std::time::Duration::ZERO },
         Problem::StoreUnavailable,
         Problem::BodyTooLarge { limit: 0 },

@@ -115,6 +115,35 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     assert!(warnings.contains("on_unknown"), "releasing lost outcomes is warned about: {warnings}");
 }
 
+/// A JWT tenant source prints the path of its secret, never the secret,
+/// and a secret file that cannot be read stops the check with its path.
+#[test]
+fn check_config_prints_a_jwt_secrets_path_never_the_secret_and_refuses_a_missing_file() {
+    let dir = support::jwt::KeyDir::new();
+    let secret = dir.path("jwt.secret");
+    std::fs::write(&secret, "an-hs256-secret-of-enough-length-0123456789").unwrap();
+    let tenant = |path: &std::path::Path| {
+        format!(
+            "{{ jwt_claim = \"sub\", hs256_secret_file = \"{}\", issuer = \"https://id\", audience = \"pay\" }}",
+            path.display()
+        )
+    };
+    let ok = tenant(&secret);
+    let output =
+        idemgate(&["check-config", "--upstream", "http://127.0.0.1:9000"], &[("IDEMGATE__GATEWAY__TENANT", &ok)]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("jwt_claim = \"sub\"") && printed.contains(&*secret.to_string_lossy()), "{printed}");
+    assert!(!printed.contains("enough-length"), "the secret itself is never printed: {printed}");
+
+    let missing = tenant(&dir.path("absent.secret"));
+    let output =
+        idemgate(&["check-config", "--upstream", "http://127.0.0.1:9000"], &[("IDEMGATE__GATEWAY__TENANT", &missing)]);
+    assert_eq!(output.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("hs256_secret_file") && said.contains("absent.secret"), "{said}");
+}
+
 #[test]
 fn a_bad_config_exits_2_with_a_message_naming_the_problem() {
     let output = idemgate(&["check-config", "--upstream", "ftp://x"], &[]);

@@ -8,7 +8,7 @@
 //! redacted.
 //!
 //! The files: [`load`](Config::load) (the layers), the sections
-//! (`gateway.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
+//! (`gateway.rs`, `tenant.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
 //! [`ServiceUrl`]), `units.rs` (durations and sizes as people write them)
 //! and `validate.rs`. Config is plain data: it calls nothing above the pure
 //! core, and what only a room's own code can check is that room's (see
@@ -18,6 +18,7 @@ mod gateway;
 mod load;
 mod relay;
 mod secret;
+mod tenant;
 mod units;
 mod validate;
 
@@ -29,11 +30,12 @@ use serde::{Deserialize, Serialize};
 
 pub use gateway::{
     ConcurrentMode, DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, FailMode, ForwardKey, GatewayConfig, OnUnknown,
-    RouteConfig, TenantConfig,
+    RouteConfig,
 };
 pub use load::Overrides;
 pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
 pub use secret::{Secret, ServiceUrl, StoreKind};
+pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;
 

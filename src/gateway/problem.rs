@@ -27,6 +27,14 @@ pub enum Problem {
     InvalidKey(KeyError),
     /// The header the tenant comes from appears more than once.
     AmbiguousTenant(TenantError),
+    /// The tenant source names a principal (`basic_user`, `jwt_claim`) and
+    /// the request carries no valid credential.
+    Unauthenticated {
+        /// The `WWW-Authenticate` challenge.
+        challenge: &'static str,
+        /// Which check failed.
+        why: String,
+    },
     /// The key was used for a different request.
     KeyMismatch,
     /// Another attempt with this key is running.
@@ -108,6 +116,7 @@ impl Problem {
             Self::MissingKey => "missing-key",
             Self::InvalidKey(_) => "invalid-key",
             Self::AmbiguousTenant(_) => "ambiguous-tenant",
+            Self::Unauthenticated { .. } => "unauthenticated",
             Self::KeyMismatch => "key-mismatch",
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
@@ -158,7 +167,7 @@ impl Problem {
             // the upstream did act and a retry can never get the response.
             Self::ResponseNotReplayable => StatusCode::GONE,
             Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::AdminDisabled => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
@@ -172,6 +181,7 @@ impl Problem {
             Self::MissingKey => "Idempotency-Key required",
             Self::InvalidKey(_) => "Invalid Idempotency-Key",
             Self::AmbiguousTenant(_) => "Ambiguous tenant",
+            Self::Unauthenticated { .. } => "Credential required",
             Self::KeyMismatch => "Idempotency-Key reused for a different request",
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
@@ -203,6 +213,7 @@ impl Problem {
             Self::MissingKey => "This endpoint requires an Idempotency-Key header on this method.".into(),
             Self::InvalidKey(e) => format!("{e}. A key is 1 to 255 printable ASCII characters, sent once as a bare token or a quoted string."),
             Self::AmbiguousTenant(e) => format!("{e}. Send it once; the request was not forwarded."),
+            Self::Unauthenticated { why, .. } => format!("{why}. This gateway files each request's Idempotency-Key under the principal its credential names, so a request without a valid credential has no key space; it was not forwarded and nothing was recorded."),
             Self::KeyMismatch => "This Idempotency-Key was already used with a different method, path, query, body or fingerprinted header. Use a new key for a new request.".into(),
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
@@ -256,8 +267,14 @@ impl Problem {
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        if matches!(self, Self::Unauthorized) {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        match self {
+            Self::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::Unauthenticated { challenge, .. } => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+            }
+            _ => {}
         }
         if let Self::MethodNotAllowed(allow) = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));
