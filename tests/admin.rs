@@ -225,6 +225,83 @@ async fn auth_disabled_is_allowed_on_loopback_only() {
     assert!(error.contains("loopback"), "{error}");
 }
 
+/// A token-less admin listener (`admin.auth = "disabled"`) and a web page
+/// in the operator's browser: a page on a rebound name (DNS rebinding: a
+/// foreign `Host`) and a cross-site form or fetch are refused; the
+/// listener's own page and tools are served. Effects are counted at the
+/// upstream: a refused purge leaves the key replaying, an allowed one lets
+/// the next retry run again.
+#[tokio::test]
+async fn a_token_less_admin_listener_refuses_web_pages_and_serves_its_own_origin() {
+    let upstream = Upstream::start().await;
+    let mut open = config(&upstream.url(), "memory://");
+    open.admin.auth = AdminAuth::Disabled;
+    let gateway = TestGateway::start(open).await;
+    let charge = || gateway.post("/charge").auth("alice").key("k").json("{}");
+    assert_eq!(charge().send().await.status, 201);
+    let port = gateway.admin_addr.port();
+    let purge = "/admin/keys/k?tenant=Bearer+alice";
+    let rebound = format!("attacker.example:{port}");
+
+    let refused = [
+        ("rebinding purge", gateway.admin("DELETE", purge).header("host", &rebound).send().await),
+        ("rebinding read", gateway.admin("GET", "/metrics").header("host", &rebound).send().await),
+        ("another port", gateway.admin("GET", purge).header("host", &format!("127.0.0.1:{}", port + 1)).send().await),
+        (
+            "cross-site form",
+            gateway
+                .admin("POST", "/admin/outbox/redrive")
+                .header("origin", "https://attacker.example")
+                .header("content-type", "text/plain")
+                .send()
+                .await,
+        ),
+        ("cross-site purge", gateway.admin("DELETE", purge).header("origin", "https://attacker.example").send().await),
+        ("fetch metadata", gateway.admin("DELETE", purge).header("sec-fetch-site", "cross-site").send().await),
+        ("a sibling site", gateway.admin("DELETE", purge).header("sec-fetch-site", "same-site").send().await),
+    ];
+    for (what, reply) in &refused {
+        assert_eq!(reply.status, 403, "{what}: {}", reply.text());
+        assert_eq!(reply.problem(), "foreign-request", "{what}");
+    }
+    assert!(charge().send().await.replayed(), "no refused purge took effect");
+    assert_eq!(upstream.total(), 1);
+
+    let healthz = gateway.admin("GET", "/healthz").header("host", &format!("localhost:{port}")).send().await;
+    assert_eq!(healthz.status, 200, "the loopback name with the port is the listener's own");
+    let own_page = gateway
+        .admin("DELETE", purge)
+        .header("origin", &format!("http://127.0.0.1:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await;
+    assert_eq!(own_page.status, 204, "the console on the listener's own origin: {}", own_page.text());
+    assert!(!charge().send().await.replayed(), "purged: the next request runs again");
+    assert_eq!(upstream.total(), 2);
+}
+
+/// With a token, a browser cannot act (it never adds the token by itself),
+/// so nothing about `Host` or `Origin` changes.
+#[tokio::test]
+async fn with_a_token_host_and_origin_change_nothing() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    gateway.post("/charge").auth("alice").key("k").json("{}").send().await;
+    let rebound = format!("attacker.example:{}", gateway.admin_addr.port());
+    let purge = gateway
+        .admin("DELETE", "/admin/keys/k?tenant=Bearer+alice")
+        .header("host", &rebound)
+        .header("origin", "https://attacker.example")
+        .header("sec-fetch-site", "cross-site")
+        .header("authorization", &format!("Bearer {TOKEN}"))
+        .send()
+        .await;
+    assert_eq!(purge.status, 204, "{}", purge.text());
+    let anonymous = gateway.admin("DELETE", "/admin/keys/k").header("host", &rebound).send().await;
+    assert_eq!(anonymous.status, 401, "still the token that decides");
+    assert_eq!(gateway.admin("GET", "/metrics").header("host", &rebound).send().await.status, 200);
+}
+
 /// `(method, path)` pairs in openapi.yaml, excluding the gateway's catch-all.
 fn spec_routes() -> BTreeSet<(String, String)> {
     let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
@@ -289,6 +366,7 @@ fn openapi_lists_every_problem_type() {
         Problem::NotFound,
         Problem::MethodNotAllowed("GET"),
         Problem::BadAdminRequest(String::new()),
+        Problem::ForeignRequest(""),
         Problem::OutboxUnavailable,
         Problem::Internal,
     ];

@@ -100,6 +100,10 @@ pub enum Problem {
     NotFound,
     /// Admin API: the path exists, the method does not (`Allow` lists the methods).
     MethodNotAllowed(&'static str),
+    /// Admin listener without a token: a request that may come from a web
+    /// page (a foreign `Host`, or a state change from another site); the
+    /// text says which.
+    ForeignRequest(&'static str),
     /// Admin API: a malformed parameter; the text says which.
     BadAdminRequest(String),
     /// Admin API: the outbox database could not be reached.
@@ -137,6 +141,7 @@ impl Problem {
             Self::AdminDisabled => "admin-disabled",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed(_) => "method-not-allowed",
+            Self::ForeignRequest(_) => "foreign-request",
             Self::BadAdminRequest(_) => "bad-request",
             Self::OutboxUnavailable => "outbox-unavailable",
             Self::Internal => "internal",
@@ -168,7 +173,7 @@ impl Problem {
             Self::ResponseNotReplayable => StatusCode::GONE,
             Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
             Self::Unauthorized | Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
-            Self::AdminDisabled => StatusCode::FORBIDDEN,
+            Self::AdminDisabled | Self::ForeignRequest(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
             Self::OutboxUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -202,6 +207,7 @@ impl Problem {
             Self::AdminDisabled => "Admin API disabled",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed(_) => "Method not allowed",
+            Self::ForeignRequest(_) => "Request from a web page refused",
             Self::BadAdminRequest(_) => "Bad request",
             Self::OutboxUnavailable => "Outbox database unavailable",
             Self::Internal => "Internal gateway error",
@@ -238,6 +244,7 @@ impl Problem {
             Self::AdminDisabled => "The admin API is disabled because no token is configured. Set IDEMGATE__ADMIN__TOKEN or admin.token_file.".into(),
             Self::NotFound => "Nothing exists here.".into(),
             Self::MethodNotAllowed(allow) => format!("This path accepts {allow}."),
+            Self::ForeignRequest(why) => format!("This admin listener has no token (admin.auth = \"disabled\"), so it answers only requests addressed to its own address or localhost, and changes state only for requests no other web site sent. This one was refused: {why}. Use curl or the console on this address, or configure an admin token."),
             Self::BadAdminRequest(why) => why.clone(),
             Self::OutboxUnavailable => "The outbox database did not answer. Nothing was changed; try again.".into(),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
