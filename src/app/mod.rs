@@ -3,10 +3,12 @@
 //! - this module: the gateway (`serve`, `serve --relay`), logging, signals;
 //! - [`relay`]: `idemgate relay`;
 //! - [`check`]: everything a config is checked for before anything starts,
-//!   the same for `check-config`, `serve` and `relay`.
+//!   the same for `check-config`, `serve` and `relay`;
+//! - [`open_files`]: the open-file limit, raised at start.
 
 pub mod check;
 mod error;
+pub mod open_files;
 pub mod relay;
 
 pub use error::StartError;
