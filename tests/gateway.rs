@@ -256,23 +256,26 @@ async fn forged_expired_and_foreign_tokens_are_401_and_never_forwarded() {
         change(&mut claims);
         claims
     };
+    // (what, token, what the detail names)
     let forged = [
-        ("wrong signature", forger.sign(&jwt::claims("victim"))),
-        ("alg none", jwt::unsigned(&jwt::claims("victim"))),
-        ("expired", issuer.sign(&with(&|c| c["exp"] = (jwt::now() - 3600).into()))),
-        ("no exp", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("exp"))))),
-        ("wrong audience", issuer.sign(&with(&|c| c["aud"] = "another-service".into()))),
-        ("wrong issuer", issuer.sign(&with(&|c| c["iss"] = "https://evil.example".into()))),
-        ("no sub", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("sub"))))),
+        ("wrong signature", forger.sign(&jwt::claims("victim")), "signature"),
+        ("alg none", jwt::unsigned(&jwt::claims("victim")), "supported algorithm"),
+        ("expired", issuer.sign(&with(&|c| c["exp"] = (jwt::now() - 3600).into())), "expired"),
+        ("no exp", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("exp")))), "no exp claim"),
+        ("wrong audience", issuer.sign(&with(&|c| c["aud"] = "another-service".into())), "audience"),
+        ("wrong issuer", issuer.sign(&with(&|c| c["iss"] = "https://evil.example".into())), "issuer"),
+        ("no sub", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("sub")))), "no sub claim"),
         (
             "another alg",
             issuer.sign_with_header(&serde_json::json!({ "alg": "HS512", "typ": "JWT" }), &jwt::claims("victim")),
+            "algorithm",
         ),
-        ("not a JWT", "victim".to_string()),
+        ("not a JWT", "victim".to_string(), "supported algorithm"),
     ];
-    for (what, token) in &forged {
+    for (what, token, named) in &forged {
         let reply = gateway.post("/charge").auth(token).key("k").json(CHARGE).send().await;
         assert_eq!((reply.status, reply.problem().as_str()), (401, "unauthenticated"), "{what}: {}", reply.text());
+        assert!(reply.text().contains(named), "{what}: the detail says which check failed: {}", reply.text());
         assert_eq!(reply.headers["www-authenticate"], "Bearer", "{what}");
         assert!(!reply.text().contains("effect"), "{what}: nothing of the victim's response");
     }
