@@ -19,7 +19,8 @@
 //! 4. The domain rooms: [`store`] (the [`store::Store`] trait and its
 //!    backends — embedded memory, Redis, Redis Cluster, Postgres — held to
 //!    one conformance suite), [`gateway`] (the reverse proxy: routing, the
-//!    idempotency guard, the request rewrite, RFC 9457 problems) and
+//!    tenant sources, the idempotency guard, the request rewrite, RFC 9457
+//!    problems) and
 //!    [`outbox`] (the transactional outbox: enqueue, claims with leases and
 //!    fences, publishers, retry, the relay's lanes).
 //! 5. The admin surface — [`admin`]: health, readiness, metrics, the

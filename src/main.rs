@@ -214,6 +214,7 @@ fn run(command: Command) -> Result<(), String> {
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
+            idemgate::app::open_files::raise_and_check(&config, args.relay);
             if args.relay {
                 runtime
                     .block_on(idemgate::app::serve_with_relay(&config, idemgate::app::shutdown_signal()))
@@ -244,6 +245,7 @@ fn run(command: Command) -> Result<(), String> {
             for warning in idemgate::app::check::check(&config).map_err(|e| e.to_string())? {
                 tracing::warn!("{warning}");
             }
+            idemgate::app::open_files::raise_and_check(&config, false);
             // Everything that can refuse to start does so before the
             // instructions are printed: nothing claims to run that does not.
             let gateway = idemgate::app::build(&config).await.map_err(|e| e.to_string())?;

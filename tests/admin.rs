@@ -144,6 +144,48 @@ async fn a_plus_in_the_tenant_parameter_is_the_space_of_a_bearer_credential() {
     assert_eq!(escaped_plus.status, 404, "%2B is a literal +, another tenant");
 }
 
+/// With a source that names the principal, an operator names the tenant
+/// the same way: the Basic user name, or the verified claim's value.
+#[tokio::test]
+async fn an_operator_names_a_principals_tenant_by_its_user_name_or_claim() {
+    use base64::Engine;
+    use idemgate::config::{JwtClaimConfig, JwtKeys, TenantConfig};
+    let upstream = Upstream::start().await;
+    let auth = format!("Bearer {TOKEN}");
+    let mut basic = with_token(config(&upstream.url(), "memory://"));
+    basic.gateway.tenant = TenantConfig::BasicUser;
+    let gateway = TestGateway::start(basic).await;
+    let credential = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("alice:pw-v1"));
+    gateway.post("/charge").header("authorization", &credential).key("k1").json("{}").send().await;
+    let found = gateway.admin("GET", "/admin/keys/k1?tenant=alice").header("authorization", &auth).send().await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let bob = gateway.admin("GET", "/admin/keys/k1?tenant=bob").header("authorization", &auth).send().await;
+    assert_eq!(bob.status, 404);
+    let purged = gateway.admin("DELETE", "/admin/keys/k1?tenant=alice").header("authorization", &auth).send().await;
+    assert_eq!(purged.status, 204);
+
+    let dir = support::jwt::KeyDir::new();
+    let issuer = support::jwt::Hs256::new(&dir);
+    let mut jwt = with_token(config(&upstream.url(), "memory://"));
+    jwt.gateway.tenant = TenantConfig::JwtClaim(JwtClaimConfig {
+        claim: "sub".into(),
+        keys: JwtKeys::Hs256SecretFile(issuer.file.clone()),
+        issuer: support::jwt::ISSUER.into(),
+        audience: support::jwt::AUDIENCE.into(),
+    });
+    let gateway = TestGateway::start(jwt).await;
+    let token = issuer.sign(&support::jwt::claims("user-42"));
+    gateway.post("/charge").auth(&token).key("k2").json("{}").send().await;
+    let found = gateway.admin("GET", "/admin/keys/k2?tenant=user-42").header("authorization", &auth).send().await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let by_token = gateway
+        .admin("GET", &format!("/admin/keys/k2?tenant=Bearer+{token}"))
+        .header("authorization", &auth)
+        .send()
+        .await;
+    assert_eq!(by_token.status, 404, "the claim names the tenant, not the token");
+}
+
 #[tokio::test]
 async fn the_admin_token_is_accepted_with_a_lower_case_scheme() {
     let upstream = Upstream::start().await;
@@ -181,6 +223,83 @@ async fn auth_disabled_is_allowed_on_loopback_only() {
     open.admin_listen = "0.0.0.0:9090".parse().unwrap();
     let error = open.validate().unwrap_err().to_string();
     assert!(error.contains("loopback"), "{error}");
+}
+
+/// A token-less admin listener (`admin.auth = "disabled"`) and a web page
+/// in the operator's browser: a page on a rebound name (DNS rebinding: a
+/// foreign `Host`) and a cross-site form or fetch are refused; the
+/// listener's own page and tools are served. Effects are counted at the
+/// upstream: a refused purge leaves the key replaying, an allowed one lets
+/// the next retry run again.
+#[tokio::test]
+async fn a_token_less_admin_listener_refuses_web_pages_and_serves_its_own_origin() {
+    let upstream = Upstream::start().await;
+    let mut open = config(&upstream.url(), "memory://");
+    open.admin.auth = AdminAuth::Disabled;
+    let gateway = TestGateway::start(open).await;
+    let charge = || gateway.post("/charge").auth("alice").key("k").json("{}");
+    assert_eq!(charge().send().await.status, 201);
+    let port = gateway.admin_addr.port();
+    let purge = "/admin/keys/k?tenant=Bearer+alice";
+    let rebound = format!("attacker.example:{port}");
+
+    let refused = [
+        ("rebinding purge", gateway.admin("DELETE", purge).header("host", &rebound).send().await),
+        ("rebinding read", gateway.admin("GET", "/metrics").header("host", &rebound).send().await),
+        ("another port", gateway.admin("GET", purge).header("host", &format!("127.0.0.1:{}", port + 1)).send().await),
+        (
+            "cross-site form",
+            gateway
+                .admin("POST", "/admin/outbox/redrive")
+                .header("origin", "https://attacker.example")
+                .header("content-type", "text/plain")
+                .send()
+                .await,
+        ),
+        ("cross-site purge", gateway.admin("DELETE", purge).header("origin", "https://attacker.example").send().await),
+        ("fetch metadata", gateway.admin("DELETE", purge).header("sec-fetch-site", "cross-site").send().await),
+        ("a sibling site", gateway.admin("DELETE", purge).header("sec-fetch-site", "same-site").send().await),
+    ];
+    for (what, reply) in &refused {
+        assert_eq!(reply.status, 403, "{what}: {}", reply.text());
+        assert_eq!(reply.problem(), "foreign-request", "{what}");
+    }
+    assert!(charge().send().await.replayed(), "no refused purge took effect");
+    assert_eq!(upstream.total(), 1);
+
+    let healthz = gateway.admin("GET", "/healthz").header("host", &format!("localhost:{port}")).send().await;
+    assert_eq!(healthz.status, 200, "the loopback name with the port is the listener's own");
+    let own_page = gateway
+        .admin("DELETE", purge)
+        .header("origin", &format!("http://127.0.0.1:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await;
+    assert_eq!(own_page.status, 204, "the console on the listener's own origin: {}", own_page.text());
+    assert!(!charge().send().await.replayed(), "purged: the next request runs again");
+    assert_eq!(upstream.total(), 2);
+}
+
+/// With a token, a browser cannot act (it never adds the token by itself),
+/// so nothing about `Host` or `Origin` changes.
+#[tokio::test]
+async fn with_a_token_host_and_origin_change_nothing() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(with_token(config(&upstream.url(), "memory://"))).await;
+    gateway.post("/charge").auth("alice").key("k").json("{}").send().await;
+    let rebound = format!("attacker.example:{}", gateway.admin_addr.port());
+    let purge = gateway
+        .admin("DELETE", "/admin/keys/k?tenant=Bearer+alice")
+        .header("host", &rebound)
+        .header("origin", "https://attacker.example")
+        .header("sec-fetch-site", "cross-site")
+        .header("authorization", &format!("Bearer {TOKEN}"))
+        .send()
+        .await;
+    assert_eq!(purge.status, 204, "{}", purge.text());
+    let anonymous = gateway.admin("DELETE", "/admin/keys/k").header("host", &rebound).send().await;
+    assert_eq!(anonymous.status, 401, "still the token that decides");
+    assert_eq!(gateway.admin("GET", "/metrics").header("host", &rebound).send().await.status, 200);
 }
 
 /// `(method, path)` pairs in openapi.yaml, excluding the gateway's catch-all.
@@ -226,6 +345,7 @@ fn openapi_lists_every_problem_type() {
         Problem::InvalidKey(idemgate::idempotency::KeyError::Empty),
         Problem::KeyMismatch,
         Problem::AmbiguousTenant(idemgate::idempotency::TenantError::Repeated { header: http::header::AUTHORIZATION }),
+        Problem::Unauthenticated { challenge: "Bearer", why: String::new() },
         Problem::RequestInFlight { retry_after: std::time::Duration::ZERO },
         Problem::StoreUnavailable,
         Problem::BodyTooLarge { limit: 0 },
@@ -247,6 +367,7 @@ fn openapi_lists_every_problem_type() {
         Problem::NotFound,
         Problem::MethodNotAllowed("GET"),
         Problem::BadAdminRequest(String::new()),
+        Problem::ForeignRequest(""),
         Problem::OutboxUnavailable,
         Problem::Internal,
     ];

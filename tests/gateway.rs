@@ -6,8 +6,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate::config::{ConcurrentMode, ConfigDuration, FailMode, ForwardKey};
+use idemgate::config::{ConcurrentMode, ConfigDuration, FailMode, ForwardKey, JwtClaimConfig, JwtKeys, TenantConfig};
 use support::gateway::{TestGateway, config};
+use support::jwt;
 use support::redis_server::{RedisCluster, RedisProcess, shared_redis_url, unique_prefix};
 use support::upstream::Upstream;
 
@@ -125,7 +126,7 @@ async fn the_same_key_from_another_tenant_is_independent_and_learns_nothing() {
 async fn a_repeated_tenant_header_is_refused_instead_of_picking_one() {
     let upstream = Upstream::start().await;
     let mut config = config(&upstream.url(), "memory://");
-    config.gateway.tenant = idemgate::config::TenantConfig { header: Some("x-tenant-id".into()), ..Default::default() };
+    config.gateway.tenant = idemgate::config::TenantConfig::Header("x-tenant-id".into());
     let gateway = TestGateway::start(config).await;
     let victim = gateway.post("/charge").header("x-tenant-id", "victim").key("k").json(CHARGE).send().await;
     assert_eq!(victim.status, 201);
@@ -141,6 +142,220 @@ async fn a_repeated_tenant_header_is_refused_instead_of_picking_one() {
     let two = default_mode.post("/charge").auth("alice").auth("bob").key("k").json(CHARGE).send().await;
     assert_eq!((two.status, two.problem().as_str()), (400, "ambiguous-tenant"));
     assert_eq!(upstream.total(), 1);
+}
+
+/// `Authorization: Basic base64(user:password)`.
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")))
+}
+
+fn jwt_tenant(keys: JwtKeys) -> TenantConfig {
+    TenantConfig::JwtClaim(JwtClaimConfig {
+        claim: "sub".into(),
+        keys,
+        issuer: jwt::ISSUER.into(),
+        audience: jwt::AUDIENCE.into(),
+    })
+}
+
+/// The client of the issue: it times out, refreshes its credential and
+/// retries with the new one. Under a source that names the principal the
+/// retry is the same tenant and replays; another user is another tenant.
+#[tokio::test]
+async fn a_retry_with_a_rotated_basic_password_replays_instead_of_charging_again() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = TenantConfig::BasicUser;
+    let gateway = TestGateway::start(config).await;
+    let charge = |auth: String| gateway.post("/charge").header("authorization", &auth).key("k-rotate").json(CHARGE);
+    let first = charge(basic("alice", "password-v1")).send().await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let retry = charge(basic("alice", "password-v2")).send().await;
+    assert!(retry.replayed(), "a new password is the same user: {}", retry.text());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.count_for("k-rotate"), 1, "one charge for one key");
+    let bob = charge(basic("bob", "password-v1")).send().await;
+    assert!(!bob.replayed() && bob.status == 201, "another user is another tenant");
+    assert_eq!(upstream.count_for("k-rotate"), 2);
+}
+
+#[tokio::test]
+async fn a_retry_with_a_refreshed_hs256_token_replays_instead_of_charging_again() {
+    let upstream = Upstream::start().await;
+    let dir = jwt::KeyDir::new();
+    let issuer = jwt::Hs256::new(&dir);
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = jwt_tenant(JwtKeys::Hs256SecretFile(issuer.file.clone()));
+    let gateway = TestGateway::start(config).await;
+    let (v1, v2) = (issuer.sign(&jwt::claims("alice")), issuer.sign(&jwt::claims("alice")));
+    assert_ne!(v1, v2, "a refreshed token is another string");
+    let first = gateway.post("/charge").auth(&v1).key("k-refresh").json(CHARGE).send().await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let retry = gateway.post("/charge").auth(&v2).key("k-refresh").json(CHARGE).send().await;
+    assert!(retry.replayed(), "{}", retry.text());
+    assert_eq!(retry.body, first.body);
+    let bob =
+        gateway.post("/charge").auth(&issuer.sign(&jwt::claims("bob"))).key("k-refresh").json(CHARGE).send().await;
+    assert!(!bob.replayed());
+    assert_eq!(upstream.count_for("k-refresh"), 2, "alice once, bob once");
+}
+
+/// Tokens signed by an EC key published in a key set file; the provider
+/// rotates its key (a new kid is added to the file) and the gateway
+/// follows the file without a restart.
+#[tokio::test]
+async fn a_retry_with_a_refreshed_es256_token_replays_and_a_rotated_key_set_is_followed() {
+    let upstream = Upstream::start().await;
+    let dir = jwt::KeyDir::new();
+    let (old_key, new_key) = (jwt::Es256::new("key-2025"), jwt::Es256::new("key-2026"));
+    let jwks = dir.path("jwks.json");
+    jwt::write_jwks(&jwks, &[&old_key]);
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = jwt_tenant(JwtKeys::JwksFile(jwks.clone()));
+    let gateway = TestGateway::start(config).await;
+    let charge = |token: String| gateway.post("/charge").auth(&token).key("k-jwks").json(CHARGE);
+    let first = charge(old_key.sign(&jwt::claims("alice"))).send().await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(charge(old_key.sign(&jwt::claims("alice"))).send().await.replayed());
+    let unknown = charge(new_key.sign(&jwt::claims("alice"))).send().await;
+    assert_eq!((unknown.status, unknown.problem().as_str()), (401, "unauthenticated"), "a key not in the set");
+
+    jwt::write_jwks(&jwks, &[&old_key, &new_key]);
+    // The file is read again within a second of its change: ask until it is.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let retry = loop {
+        let reply = charge(new_key.sign(&jwt::claims("alice"))).send().await;
+        if reply.status != 401 || std::time::Instant::now() > deadline {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(retry.replayed(), "the new key names the same principal: {}", retry.text());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.count_for("k-jwks"), 1);
+}
+
+/// A token that fails any check is refused before anything is recorded or
+/// forwarded, and never reads the stored response of the tenant it claims.
+#[tokio::test]
+async fn forged_expired_and_foreign_tokens_are_401_and_never_forwarded() {
+    let upstream = Upstream::start().await;
+    let dir = jwt::KeyDir::new();
+    let issuer = jwt::Hs256::new(&dir);
+    let other_dir = jwt::KeyDir::new();
+    let forger = jwt::Hs256::new(&other_dir);
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = jwt_tenant(JwtKeys::Hs256SecretFile(issuer.file.clone()));
+    let gateway = TestGateway::start(config).await;
+    let victim = gateway.post("/charge").auth(&issuer.sign(&jwt::claims("victim"))).key("k").json(CHARGE).send().await;
+    assert_eq!(victim.status, 201);
+
+    let with = |change: &dyn Fn(&mut serde_json::Value)| {
+        let mut claims = jwt::claims("victim");
+        change(&mut claims);
+        claims
+    };
+    // (what, token, what the detail names)
+    let forged = [
+        ("wrong signature", forger.sign(&jwt::claims("victim")), "signature"),
+        ("alg none", jwt::unsigned(&jwt::claims("victim")), "supported algorithm"),
+        ("expired", issuer.sign(&with(&|c| c["exp"] = (jwt::now() - 3600).into())), "expired"),
+        ("no exp", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("exp")))), "no exp claim"),
+        ("wrong audience", issuer.sign(&with(&|c| c["aud"] = "another-service".into())), "audience"),
+        ("wrong issuer", issuer.sign(&with(&|c| c["iss"] = "https://evil.example".into())), "issuer"),
+        ("no sub", issuer.sign(&with(&|c| drop(c.as_object_mut().unwrap().remove("sub")))), "no sub claim"),
+        (
+            "another alg",
+            issuer.sign_with_header(&serde_json::json!({ "alg": "HS512", "typ": "JWT" }), &jwt::claims("victim")),
+            "algorithm",
+        ),
+        ("not a JWT", "victim".to_string(), "supported algorithm"),
+    ];
+    for (what, token, named) in &forged {
+        let reply = gateway.post("/charge").auth(token).key("k").json(CHARGE).send().await;
+        assert_eq!((reply.status, reply.problem().as_str()), (401, "unauthenticated"), "{what}: {}", reply.text());
+        assert!(reply.text().contains(named), "{what}: the detail says which check failed: {}", reply.text());
+        assert_eq!(reply.headers["www-authenticate"], "Bearer", "{what}");
+        assert!(!reply.text().contains("effect"), "{what}: nothing of the victim's response");
+    }
+    for (what, reply) in [
+        ("no credential", gateway.post("/charge").key("k").json(CHARGE).send().await),
+        (
+            "a Basic credential",
+            gateway.post("/charge").header("authorization", &basic("victim", "x")).key("k").json(CHARGE).send().await,
+        ),
+    ] {
+        assert_eq!((reply.status, reply.problem().as_str()), (401, "unauthenticated"), "{what}");
+    }
+    assert_eq!(upstream.total(), 1, "only the victim's own request was forwarded");
+}
+
+/// An EC public key is never taken as an HMAC secret: a token "signed"
+/// with HS256 over the published key names the key's kid and is refused.
+#[tokio::test]
+async fn a_key_set_key_checks_only_its_own_algorithm() {
+    let upstream = Upstream::start().await;
+    let dir = jwt::KeyDir::new();
+    let key = jwt::Es256::new("only");
+    let jwks = dir.path("jwks.json");
+    jwt::write_jwks(&jwks, &[&key]);
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = jwt_tenant(JwtKeys::JwksFile(jwks.clone()));
+    let gateway = TestGateway::start(config).await;
+    let published = std::fs::read(&jwks).unwrap();
+    let hmac = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &published);
+    use base64::Engine;
+    let b64 = |v: serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    let message =
+        format!("{}.{}", b64(serde_json::json!({ "alg": "HS256", "kid": "only" })), b64(jwt::claims("victim")));
+    let signature =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(ring::hmac::sign(&hmac, message.as_bytes()));
+    let reply = gateway.post("/charge").auth(&format!("{message}.{signature}")).key("k").json(CHARGE).send().await;
+    assert_eq!((reply.status, reply.problem().as_str()), (401, "unauthenticated"));
+    assert_eq!(
+        gateway.post("/charge").auth(&key.sign(&jwt::claims("victim"))).key("k").json(CHARGE).send().await.status,
+        201
+    );
+    assert_eq!(upstream.total(), 1);
+}
+
+#[tokio::test]
+async fn a_basic_user_source_refuses_a_request_without_a_user_instead_of_sharing_a_tenant() {
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.tenant = TenantConfig::BasicUser;
+    let gateway = TestGateway::start(config).await;
+    for auth in [None, Some("Bearer tok-v1".to_string()), Some(basic("", "password"))] {
+        let call = gateway.post("/charge").key("k-anon").json(CHARGE);
+        let reply = match &auth {
+            Some(auth) => call.header("authorization", auth).send().await,
+            None => call.send().await,
+        };
+        assert_eq!((reply.status, reply.problem().as_str()), (401, "unauthenticated"), "{auth:?}");
+        assert_eq!(reply.headers["www-authenticate"], "Basic realm=\"idemgate\"");
+    }
+    let unguarded = gateway.get("/charge").send().await;
+    assert_eq!(unguarded.status, 201, "requests that need no tenant pass as before");
+    assert_eq!(upstream.total(), 1);
+}
+
+/// The default source hashes the credential, its scheme compared without
+/// regard to case (RFC 9110): `Bearer x` and `bearer x` are one tenant.
+#[tokio::test]
+async fn the_default_tenant_is_one_whatever_the_case_of_the_scheme() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(config(&upstream.url(), "memory://")).await;
+    let charge = |auth: &str| gateway.post("/charge").header("authorization", auth).key("k-case").json(CHARGE);
+    let first = charge("Bearer x").send().await;
+    assert_eq!(first.status, 201);
+    for spelling in ["bearer x", "BEARER x", "Bearer   x"] {
+        let retry = charge(spelling).send().await;
+        assert!(retry.replayed(), "{spelling}: {}", retry.text());
+    }
+    assert_eq!(upstream.count_for("k-case"), 1);
+    assert!(!charge("Bearer X").send().await.replayed(), "the credential itself is compared exactly");
+    assert_eq!(upstream.count_for("k-case"), 2);
 }
 
 #[tokio::test]

@@ -16,6 +16,14 @@
 //!    that one body;
 //! 3. no client ever got a response made for another tenant.
 //!
+//! Tenants rotate their credentials throughout: the gateways name the
+//! tenant by the Basic user (`tenant = { basic_user = true }`) and every
+//! request sends one of its user's passwords, picked at random, with the
+//! scheme in either case — the client that refreshes its credential and
+//! retries. So (1) holds per user across password changes: a retry with a
+//! new password that ran again would be a violation, as would one that got
+//! another user's response (3).
+//!
 //! The upstream receives the derived key (`forward_key = "derived"`), so it
 //! could deduplicate the fault-caused repeats itself; the checker counts
 //! them separately. Seeded: `IDEMGATE_SEED` replays the same plan (keys,
@@ -30,19 +38,25 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idemgate::idempotency::{IdempotencyKey, ScopedKey, TenantSource};
+use idemgate::config::TenantConfig;
+use idemgate::gateway::tenant::TenantSource;
+use idemgate::idempotency::{IdempotencyKey, ScopedKey};
 use rand::prelude::*;
 use support::http_server::HttpServer;
 use support::redis_server::{RedisProcess, free_port};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_idemgate");
 const TENANTS: usize = 3;
+/// Passwords each tenant's requests pick from at random.
+const PASSWORDS: usize = 3;
 /// Keys per tenant at least; larger runs use one key per 10 requests, so
 /// that many keys see their first execution (where the faults bite).
 const KEYS_PER_TENANT: usize = 40;
@@ -86,7 +100,7 @@ async fn chaos_upstream(seed: u64) -> (SocketAddr, Arc<Chaos>, HttpServer) {
 
 async fn act(request: Request<Incoming>, chaos: Arc<Chaos>) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let (key, tenant) = (header("idempotency-key"), header("authorization"));
+    let (key, tenant) = (header("idempotency-key"), basic_user(&header("authorization")));
     let (choice, stall, late) = {
         let mut rng = chaos.rng.lock().unwrap();
         (rng.random_range(0..100u32), rng.random_range(100..600u64), rng.random_range(1000..2500u64))
@@ -153,6 +167,7 @@ impl Gateway {
                     ("IDEMGATE__GATEWAY__UPSTREAM_DEADLINE", "3s"),
                     ("IDEMGATE__GATEWAY__FORWARD_KEY", "derived"),
                     ("IDEMGATE__GATEWAY__STORE_TIMEOUT", "500ms"),
+                    ("IDEMGATE__GATEWAY__TENANT__BASIC_USER", "true"),
                     ("IDEMGATE__LOG__LEVEL", "warn"),
                 ])
                 .stdout(Stdio::null())
@@ -262,11 +277,14 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                     })
                     .is_ok()
                 {
-                    let (tenant, key, gateway, disconnect_after, pause) = {
+                    let (tenant, credential, key, gateway, disconnect_after, pause) = {
                         let mut rng = plan.lock().unwrap();
                         let disconnect = rng.random_bool(0.1).then(|| Duration::from_millis(rng.random_range(0..300)));
+                        let tenant = rng.random_range(0..TENANTS);
+                        let scheme = if rng.random_bool(0.5) { "Basic" } else { "basic" };
                         (
-                            rng.random_range(0..TENANTS),
+                            tenant,
+                            basic(scheme, tenant, rng.random_range(0..PASSWORDS)),
                             format!("key-{}", rng.random_range(0..keys_per_tenant)),
                             addrs[rng.random_range(0..addrs.len())],
                             disconnect,
@@ -275,7 +293,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                     };
                     tokio::time::sleep(pause).await;
                     let request = Request::post(format!("http://{gateway}/chaos"))
-                        .header("authorization", format!("Bearer tenant-{tenant}"))
+                        .header("authorization", credential)
                         .header("idempotency-key", &key)
                         .header("content-type", "application/json")
                         .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
@@ -416,7 +434,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                 violations.push(format!("tenant {tenant} {key}: a 2xx body the upstream never produced for this key"));
             }
             // 3. Never another tenant's response.
-            let own = format!("\"tenant\":\"Bearer tenant-{tenant}\"");
+            let own = format!("\"tenant\":\"tenant-{tenant}\"");
             if !String::from_utf8_lossy(&outcome.body).contains(&own) {
                 violations.push(format!("tenant {tenant} {key}: got another tenant's response"));
             }
@@ -441,9 +459,23 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     drop(gateways);
 }
 
+/// `Authorization` for one of a tenant's passwords.
+fn basic(scheme: &str, tenant: usize, password: usize) -> String {
+    format!("{scheme} {}", STANDARD.encode(format!("tenant-{tenant}:password-{password}")))
+}
+
+/// The user of a Basic credential, as the chaos upstream echoes it.
+fn basic_user(credential: &str) -> String {
+    let decoded = credential.split_once(' ').and_then(|(_, b64)| STANDARD.decode(b64).ok()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&decoded);
+    text.split_once(':').map_or_else(String::new, |(user, _)| user.to_owned())
+}
+
+/// The key the upstream receives for a tenant's key, whichever password it used.
 fn derived_key(tenant: usize, key: &str) -> String {
     let mut headers = HeaderMap::new();
-    headers.insert("authorization", HeaderValue::from_str(&format!("Bearer tenant-{tenant}")).unwrap());
-    let tenant = TenantSource::Authorization.tenant_of(&headers).unwrap();
+    headers.insert("authorization", HeaderValue::from_str(&basic("Basic", tenant, 0)).unwrap());
+    let source = TenantSource::from_config(&TenantConfig::BasicUser).unwrap();
+    let tenant = source.tenant_of(&headers).unwrap();
     ScopedKey::new(&tenant, &IdempotencyKey::new(key).unwrap()).to_hex()
 }

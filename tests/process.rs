@@ -115,6 +115,96 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     assert!(warnings.contains("on_unknown"), "releasing lost outcomes is warned about: {warnings}");
 }
 
+/// A JWT tenant source prints the path of its secret, never the secret,
+/// and a secret file that cannot be read stops the check with its path.
+#[test]
+fn check_config_prints_a_jwt_secrets_path_never_the_secret_and_refuses_a_missing_file() {
+    let dir = support::jwt::KeyDir::new();
+    let secret = dir.path("jwt.secret");
+    std::fs::write(&secret, "an-hs256-secret-of-enough-length-0123456789").unwrap();
+    let tenant = |path: &std::path::Path| {
+        format!(
+            "{{ jwt_claim = \"sub\", hs256_secret_file = \"{}\", issuer = \"https://id\", audience = \"pay\" }}",
+            path.display()
+        )
+    };
+    let ok = tenant(&secret);
+    let output =
+        idemgate(&["check-config", "--upstream", "http://127.0.0.1:9000"], &[("IDEMGATE__GATEWAY__TENANT", &ok)]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("jwt_claim = \"sub\"") && printed.contains(&*secret.to_string_lossy()), "{printed}");
+    assert!(!printed.contains("enough-length"), "the secret itself is never printed: {printed}");
+
+    let missing = tenant(&dir.path("absent.secret"));
+    let output =
+        idemgate(&["check-config", "--upstream", "http://127.0.0.1:9000"], &[("IDEMGATE__GATEWAY__TENANT", &missing)]);
+    assert_eq!(output.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("hs256_secret_file") && said.contains("absent.secret"), "{said}");
+}
+
+/// `serve` started as many service managers start it, with a soft
+/// open-file limit of 1,024 (`prlimit`, util-linux), `lim` being the
+/// `--nofile` value; its pid is the gateway's (prlimit execs it).
+fn serve_under_prlimit(lim: &str, upstream: &str, log: &std::path::Path) -> (Child, SocketAddr) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new("prlimit")
+        .args([&format!("--nofile={lim}"), "--", BINARY, "serve", "--listen", &addr.to_string()])
+        .args(["--admin-listen", &admin, "--upstream", upstream])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("prlimit (util-linux) runs idemgate serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        let said = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(child.try_wait().unwrap().is_none(), "idemgate serve exited; it said:\n{said}");
+        assert!(Instant::now() < deadline, "idemgate serve did not listen; it said:\n{said}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, addr)
+}
+
+/// `(soft, hard)` "Max open files" of a running process.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_owned();
+    let numbers: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    (numbers[0], numbers[1])
+}
+
+#[tokio::test]
+async fn started_under_a_soft_limit_of_1024_the_gateway_raises_it_to_the_hard_limit() {
+    let upstream = Upstream::start().await;
+    let dir = support::jwt::KeyDir::new();
+    let (_, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    assert!(hard > 1024, "this test needs a hard limit above 1024, not {hard}");
+    let log = dir.path("serve.log");
+    let (mut child, addr) = serve_under_prlimit("1024:", &upstream.url(), &log);
+    assert_eq!(open_file_limits(child.id()), (hard, hard), "the soft limit is raised to the hard one");
+    assert_eq!(charge(addr, "/charge", "k").await.map(|r| r.status), Ok(201));
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("raised the open-file limit"), "{said}");
+    if hard >= 10_000 + 512 + 256 + 64 {
+        assert!(!said.contains("below what this config may hold open"), "{said}");
+    }
+
+    // A hard limit of 1,024 cannot be raised: the gateway says what does not fit.
+    let (mut child, _) = serve_under_prlimit("1024:1024", &upstream.url(), &log);
+    assert_eq!(open_file_limits(child.id()), (1024, 1024));
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("open-file limit is 1024 (hard limit 1024)") && said.contains("gateway.max_connections 10000"),
+        "{said}"
+    );
+}
+
 #[test]
 fn a_bad_config_exits_2_with_a_message_naming_the_problem() {
     let output = idemgate(&["check-config", "--upstream", "ftp://x"], &[]);

@@ -23,10 +23,13 @@
 //! stored body is never returned: it may hold a customer's data.
 //! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step,
 //! and one keeps the router (`router`, shared with the relay) and it.
+//! Without a token (`admin.auth = "disabled"`), requests a web page may
+//! have sent are refused `403 foreign-request` ([`browser`]).
 //! A standalone relay serves the probes, metrics and outbox routes on its
 //! own listener ([`relay`]); what the two listeners share is `surface`.
 
 mod auth;
+mod browser;
 mod outbox;
 mod query;
 pub mod relay;
@@ -62,9 +65,9 @@ pub struct Admin<S> {
 }
 
 impl<S: Store> Admin<S> {
-    /// The admin surface of a gateway.
-    pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess) -> Self {
-        let surface = Surface::new(access, GatewayRoutes::Served, gateway.metrics().clone());
+    /// The admin surface of a gateway, for the listener bound to `own`.
+    pub fn new(gateway: Arc<Gateway<S>>, access: AdminAccess, own: std::net::SocketAddr) -> Self {
+        let surface = Surface::new(access, GatewayRoutes::Served, gateway.metrics().clone(), own);
         Self { gateway, surface }
     }
 

@@ -30,15 +30,16 @@ pub struct RelayAdmin {
 }
 
 impl RelayAdmin {
-    /// The admin surface of a relay serving `destinations`.
+    /// The admin surface of a relay serving `destinations`, for the listener bound to `own`.
     pub fn new(
         db: Database,
         metrics: Arc<Metrics>,
         access: AdminAccess,
         readiness: Arc<Readiness>,
         destinations: Vec<String>,
+        own: std::net::SocketAddr,
     ) -> Self {
-        let surface = Surface::new(access, GatewayRoutes::Absent, metrics)
+        let surface = Surface::new(access, GatewayRoutes::Absent, metrics, own)
             .with_outbox(Some(db.clone()))
             .with_destinations(destinations);
         Self { db, readiness, surface }

@@ -1,15 +1,17 @@
 //! What the gateway's and the relay's admin listeners hold and answer
-//! alike: the bearer check ([`router::admit`]), liveness, metrics, the
+//! alike: the browser checks of a token-less listener ([`browser`]), the
+//! bearer check ([`router::admit`]), liveness, metrics, the
 //! console's files and the outbox routes. A listener adds only its own: readiness (what it waits
 //! for) and, on the gateway, the keys routes.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 
 use super::router::{self, GatewayRoutes, Route, SharedRoute};
-use super::{AdminAccess, json, outbox, ui};
+use super::{AdminAccess, browser, json, outbox, ui};
 use crate::gateway::problem::Problem;
 use crate::http::body::{ResponseBody, full};
 use crate::metrics::Metrics;
@@ -18,6 +20,8 @@ use crate::postgres::Database;
 /// The part of an admin listener both kinds share.
 pub(super) struct Surface {
     access: AdminAccess,
+    /// The listener's bound address: its own `Host` (see [`browser`]).
+    own: SocketAddr,
     keys: GatewayRoutes,
     metrics: Arc<Metrics>,
     outbox: Option<Database>,
@@ -26,8 +30,8 @@ pub(super) struct Surface {
 
 impl Surface {
     /// A surface with no outbox database (its routes answer `404`) and no destinations.
-    pub(super) fn new(access: AdminAccess, keys: GatewayRoutes, metrics: Arc<Metrics>) -> Self {
-        Self { access, keys, metrics, outbox: None, destinations: Vec::new() }
+    pub(super) fn new(access: AdminAccess, keys: GatewayRoutes, metrics: Arc<Metrics>, own: SocketAddr) -> Self {
+        Self { access, own, keys, metrics, outbox: None, destinations: Vec::new() }
     }
 
     /// The outbox database, if the config names one.
@@ -47,8 +51,13 @@ impl Surface {
         self
     }
 
-    /// The request's route, or the problem that answers it (`404`, `405`, `401`, `403`).
+    /// The request's route, or the problem that answers it (`404`, `405`,
+    /// `401`, `403`). Without a token, a request a web page may have sent is
+    /// refused before anything else.
     pub(super) fn admit<'a>(&self, request: &'a Request<Incoming>) -> Result<Route<'a>, Problem> {
+        if matches!(self.access, AdminAccess::Open) {
+            browser::admit(request.method(), request.uri(), request.headers(), self.own)?;
+        }
         router::admit(request.method(), request.uri().path(), request.headers(), self.keys, &self.access)
     }
 

@@ -12,6 +12,7 @@ use super::StartError;
 use crate::admin::AdminAccess;
 use crate::config::Config;
 use crate::gateway::routes::RouteTable;
+use crate::gateway::tenant::TenantSource;
 use crate::idempotency::StatusPolicy;
 use crate::store::AnyStore;
 use crate::store::sealing::Sealer;
@@ -26,6 +27,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
     let g = &config.gateway;
     RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)
         .map_err(crate::gateway::BuildError::from)?;
+    TenantSource::from_config(&g.tenant).map_err(crate::gateway::BuildError::from)?;
     if config.routes.is_empty() && config.destinations.is_empty() {
         return Err(StartError::Missing(NOTHING_TO_RUN));
     }

@@ -3,10 +3,12 @@
 //! - this module: the gateway (`serve`, `serve --relay`), logging, signals;
 //! - [`relay`]: `idemgate relay`;
 //! - [`check`]: everything a config is checked for before anything starts,
-//!   the same for `check-config`, `serve` and `relay`.
+//!   the same for `check-config`, `serve` and `relay`;
+//! - [`open_files`]: the open-file limit, raised at start.
 
 pub mod check;
 mod error;
+pub mod open_files;
 pub mod relay;
 
 pub use error::StartError;
@@ -123,10 +125,11 @@ pub async fn serve_on(
     };
     let address = listeners.gateway.local_addr().ok();
     let admin_address = listeners.admin.local_addr().ok();
+    let own = admin_address.unwrap_or(config.admin_listen);
     tracing::info!(listen = ?address, admin = ?admin_address, tls = tls.is_some(), "idemgate gateway listening");
     let destinations = config.destinations.keys().cloned().collect();
     let admin = Arc::new(
-        Admin::new(gateway.clone(), access).with_outbox(outbox_database(config)?).with_destinations(destinations),
+        Admin::new(gateway.clone(), access, own).with_outbox(outbox_database(config)?).with_destinations(destinations),
     );
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {

@@ -48,6 +48,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()>) -> Result<
         access,
         relay.readiness().clone(),
         relay.destinations().to_vec(),
+        listener.local_addr().unwrap_or(config.admin_listen),
     );
     // The admin listener outlives the relay's drain, so probes answer until the end.
     let admin_stop = CancellationToken::new();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ByteSize, ConfigDuration};
+use super::{ByteSize, ConfigDuration, TenantConfig};
 
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -60,21 +60,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// upstream default, so the gateway closes an idle connection before the
 /// upstream does instead of writing a request into one being closed.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-
-/// Where the tenant comes from: exactly one of the three fields.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantConfig {
-    /// `"authorization"`: a hash of the `Authorization` header.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    /// The value of this request header.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub header: Option<String>,
-    /// One fixed tenant for every request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fixed: Option<String>,
-}
 
 /// The idempotency policy.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -156,7 +141,7 @@ impl Default for GatewayConfig {
             fail_mode: FailMode::Closed,
             concurrent: ConcurrentMode::Reject,
             wait_timeout: secs(10),
-            tenant: TenantConfig { from: Some("authorization".into()), header: None, fixed: None },
+            tenant: TenantConfig::Authorization,
             forward_key: ForwardKey::Original,
             fingerprint_headers: vec!["content-type".into()],
             canonical_json: true,

@@ -8,7 +8,7 @@
 //! redacted.
 //!
 //! The files: [`load`](Config::load) (the layers), the sections
-//! (`gateway.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
+//! (`gateway.rs`, `tenant.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
 //! [`ServiceUrl`]), `scrub.rs` ([`Scrubber`]: the config's secrets taken
 //! out of texts from outside before they are stored or printed), `units.rs` (durations and sizes as people write them)
 //! and `validate.rs`. Config is plain data: it calls nothing above the pure
@@ -20,6 +20,7 @@ mod load;
 mod relay;
 mod scrub;
 mod secret;
+mod tenant;
 mod units;
 mod validate;
 
@@ -31,12 +32,13 @@ use serde::{Deserialize, Serialize};
 
 pub use gateway::{
     ConcurrentMode, DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, FailMode, ForwardKey, GatewayConfig, OnUnknown,
-    RouteConfig, TenantConfig,
+    RouteConfig,
 };
 pub use load::Overrides;
 pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
 pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
 pub use secret::{Secret, ServiceUrl, StoreKind};
+pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;
 

@@ -81,19 +81,8 @@ impl Config {
         if g.max_connections == 0 {
             return invalid("gateway.max_connections must be at least 1".into());
         }
-        let sources = [&g.tenant.from, &g.tenant.header, &g.tenant.fixed].iter().filter(|s| s.is_some()).count();
-        if sources != 1 {
-            return invalid("gateway.tenant must set exactly one of from = \"authorization\", header = \"<name>\" or fixed = \"<tenant>\"".into());
-        }
-        if let Some(from) = &g.tenant.from
-            && from != "authorization"
-        {
-            return invalid(format!("gateway.tenant.from = {from:?}: the only source is \"authorization\""));
-        }
-        if let Some(header) = &g.tenant.header
-            && http::HeaderName::from_bytes(header.as_bytes()).is_err()
-        {
-            return invalid(format!("gateway.tenant.header = {header:?} is not a valid header name"));
+        if g.tenant == super::TenantConfig::BasicUser {
+            warnings.push(BASIC_USER_TRUSTS_THE_NAME.into());
         }
         for name in g.fingerprint_headers.iter().chain(&g.response_header_deny) {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
@@ -132,6 +121,9 @@ impl Config {
         Ok(warnings)
     }
 }
+
+/// The warning for `basic_user`: the name is taken on trust.
+const BASIC_USER_TRUSTS_THE_NAME: &str = "gateway.tenant = { basic_user = true }: the gateway reads the Basic user name and does not check the password, so a client that sends another user's name with that user's key is answered that user's stored response; use it only behind a proxy (or load balancer) that verifies Basic credentials, or use jwt_claim";
 
 /// Checks that an upstream is an absolute `http`/`https` URL with a host.
 ///

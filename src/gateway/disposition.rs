@@ -21,6 +21,8 @@ pub enum Disposition {
     InvalidKey,
     /// The tenant header (or `Authorization`) came more than once (`400`).
     AmbiguousTenant,
+    /// The tenant source names a principal and the request has no valid credential (`401`).
+    Unauthenticated,
     /// The store failed and `fail_mode = "closed"` (`503`).
     StoreError,
     /// The store failed and the request was forwarded unguarded.
@@ -51,7 +53,7 @@ pub enum Disposition {
 
 impl Disposition {
     /// Every disposition, in declaration order: `ALL[d as usize] == d`.
-    pub const ALL: [Disposition; 21] = [
+    pub const ALL: [Disposition; 22] = [
         Self::Passthrough,
         Self::Forwarded,
         Self::Released,
@@ -61,6 +63,7 @@ impl Disposition {
         Self::MissingKey,
         Self::InvalidKey,
         Self::AmbiguousTenant,
+        Self::Unauthenticated,
         Self::StoreError,
         Self::FailOpen,
         Self::UpstreamError,
@@ -95,6 +98,7 @@ impl Disposition {
             Self::MissingKey => "missing-key",
             Self::InvalidKey => "invalid-key",
             Self::AmbiguousTenant => "ambiguous-tenant",
+            Self::Unauthenticated => "unauthenticated",
             Self::StoreError => "store-error",
             Self::FailOpen => "fail-open",
             Self::UpstreamError => "upstream-error",

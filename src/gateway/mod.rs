@@ -11,7 +11,8 @@
 //! and settles its record either way.
 //!
 //! [`server`] owns the listener and graceful shutdown; [`problem`] renders
-//! every error the gateway itself produces.
+//! every error the gateway itself produces; [`tenant`] says whose key
+//! space a request's key lives in.
 
 mod disposition;
 mod guard;
@@ -23,6 +24,7 @@ pub mod rewrite;
 pub mod routes;
 pub mod server;
 pub mod spelling;
+pub mod tenant;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,12 +39,13 @@ use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
 use crate::http::body::{ResponseBody, boxed};
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::Paced;
-use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy, TenantSource};
+use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy};
 use crate::metrics::{Metrics, Series};
 use crate::store::{Store, StoreError};
 pub use disposition::Disposition;
 use problem::Problem;
 use routes::{Route, RouteTable};
+use tenant::TenantSource;
 
 /// A store operation of the request path, as the store metrics label it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +140,9 @@ pub enum BuildError {
     /// A route cannot be built.
     #[error(transparent)]
     Route(#[from] routes::RouteError),
+    /// The tenant source cannot be built (its key file, say).
+    #[error(transparent)]
+    Tenant(#[from] tenant::TenantSourceError),
     /// A configured header name is not one.
     #[error("{name:?}: {source}")]
     HeaderName {
@@ -161,11 +167,7 @@ impl<S: Store> Gateway<S> {
             &StatusPolicy { release: g.release_statuses.clone() },
             g.on_unknown,
         )?;
-        let tenant = match (&g.tenant.from, &g.tenant.header, &g.tenant.fixed) {
-            (_, Some(name), _) => TenantSource::Header(header(name)?),
-            (_, _, Some(fixed)) => TenantSource::Fixed(fixed.clone()),
-            _ => TenantSource::Authorization,
-        };
+        let tenant = TenantSource::from_config(&g.tenant)?;
         Ok(Self {
             store,
             routes,

@@ -27,6 +27,14 @@ pub enum Problem {
     InvalidKey(KeyError),
     /// The header the tenant comes from appears more than once.
     AmbiguousTenant(TenantError),
+    /// The tenant source names a principal (`basic_user`, `jwt_claim`) and
+    /// the request carries no valid credential.
+    Unauthenticated {
+        /// The `WWW-Authenticate` challenge.
+        challenge: &'static str,
+        /// Which check failed.
+        why: String,
+    },
     /// The key was used for a different request.
     KeyMismatch,
     /// Another attempt with this key is running.
@@ -95,6 +103,10 @@ pub enum Problem {
     NotFound,
     /// Admin API: the path exists, the method does not (`Allow` lists the methods).
     MethodNotAllowed(&'static str),
+    /// Admin listener without a token: a request that may come from a web
+    /// page (a foreign `Host`, or a state change from another site); the
+    /// text says which.
+    ForeignRequest(&'static str),
     /// Admin API: a malformed parameter; the text says which.
     BadAdminRequest(String),
     /// Admin API: the outbox database could not be reached.
@@ -111,6 +123,7 @@ impl Problem {
             Self::MissingKey => "missing-key",
             Self::InvalidKey(_) => "invalid-key",
             Self::AmbiguousTenant(_) => "ambiguous-tenant",
+            Self::Unauthenticated { .. } => "unauthenticated",
             Self::KeyMismatch => "key-mismatch",
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
@@ -132,6 +145,7 @@ impl Problem {
             Self::AdminDisabled => "admin-disabled",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed(_) => "method-not-allowed",
+            Self::ForeignRequest(_) => "foreign-request",
             Self::BadAdminRequest(_) => "bad-request",
             Self::OutboxUnavailable => "outbox-unavailable",
             Self::Internal => "internal",
@@ -162,8 +176,8 @@ impl Problem {
             // the upstream did act and a retry can never get the response.
             Self::ResponseNotReplayable => StatusCode::GONE,
             Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::AdminDisabled => StatusCode::FORBIDDEN,
+            Self::Unauthorized | Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
+            Self::AdminDisabled | Self::ForeignRequest(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
             Self::OutboxUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -176,6 +190,7 @@ impl Problem {
             Self::MissingKey => "Idempotency-Key required",
             Self::InvalidKey(_) => "Invalid Idempotency-Key",
             Self::AmbiguousTenant(_) => "Ambiguous tenant",
+            Self::Unauthenticated { .. } => "Credential required",
             Self::KeyMismatch => "Idempotency-Key reused for a different request",
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
@@ -197,6 +212,7 @@ impl Problem {
             Self::AdminDisabled => "Admin API disabled",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed(_) => "Method not allowed",
+            Self::ForeignRequest(_) => "Request from a web page refused",
             Self::BadAdminRequest(_) => "Bad request",
             Self::OutboxUnavailable => "Outbox database unavailable",
             Self::Internal => "Internal gateway error",
@@ -208,6 +224,7 @@ impl Problem {
             Self::MissingKey => "This endpoint requires an Idempotency-Key header on this method.".into(),
             Self::InvalidKey(e) => format!("{e}. A key is 1 to 255 printable ASCII characters, sent once as a bare token or a quoted string."),
             Self::AmbiguousTenant(e) => format!("{e}. Send it once; the request was not forwarded."),
+            Self::Unauthenticated { why, .. } => format!("{why}. This gateway files each request's Idempotency-Key under the principal its credential names, so a request without a valid credential has no key space; it was not forwarded and nothing was recorded."),
             Self::KeyMismatch => "This Idempotency-Key was already used with a different method, path, query, body or fingerprinted header. Use a new key for a new request.".into(),
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
@@ -233,6 +250,7 @@ impl Problem {
             Self::AdminDisabled => "The admin API is disabled because no token is configured. Set IDEMGATE__ADMIN__TOKEN or admin.token_file.".into(),
             Self::NotFound => "Nothing exists here.".into(),
             Self::MethodNotAllowed(allow) => format!("This path accepts {allow}."),
+            Self::ForeignRequest(why) => format!("This admin listener has no token (admin.auth = \"disabled\"), so it answers only requests addressed to its own address or localhost, and changes state only for requests no other web site sent. This one was refused: {why}. Use curl or the console on this address, or configure an admin token."),
             Self::BadAdminRequest(why) => why.clone(),
             Self::OutboxUnavailable => "The outbox database did not answer. Nothing was changed; try again.".into(),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
@@ -262,8 +280,14 @@ impl Problem {
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        if matches!(self, Self::Unauthorized) {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        match self {
+            Self::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::Unauthenticated { challenge, .. } => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+            }
+            _ => {}
         }
         if let Self::MethodNotAllowed(allow) = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));

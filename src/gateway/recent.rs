@@ -154,8 +154,10 @@ mod tests {
         // Exhaustive: a new disposition fails to compile here until it is added to `ALL`.
         let listed = |d: Disposition| match d {
             Passthrough | Forwarded | Released | Replayed | Conflict | Mismatch | MissingKey | InvalidKey
-            | AmbiguousTenant | StoreError | FailOpen | UpstreamError | TimedOut | Unknown | Held | NotReplayable
-            | BadBody | BadHead | Ambiguous | ConnectionBusy | NoRoute => Disposition::ALL.get(d as usize) == Some(&d),
+            | AmbiguousTenant | Unauthenticated | StoreError | FailOpen | UpstreamError | TimedOut | Unknown | Held
+            | NotReplayable | BadBody | BadHead | Ambiguous | ConnectionBusy | NoRoute => {
+                Disposition::ALL.get(d as usize) == Some(&d)
+            }
         };
         assert!(Disposition::ALL.iter().all(|&d| listed(d)));
         assert!(listed(NoRoute) && NoRoute as usize == Disposition::ALL.len() - 1);

@@ -35,6 +35,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::accept_errors::AcceptErrors;
 use super::body::{BoxError, ResponseBody};
 use super::connection::{Activity, ClientInfo, ConnectionInfo};
 use super::request_body::BodyBudget;
@@ -100,11 +101,12 @@ pub async fn serve_listener<F, Fut>(
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
+    let mut accept_errors = AcceptErrors::default();
     tokio::pin!(shutdown);
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { break };
         let (stream, addr) = tokio::select! {
-            accepted = accept(&listener, name) => accepted,
+            accepted = accept(&listener, name, &mut accept_errors) => accepted,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
@@ -328,14 +330,16 @@ where
     }
 }
 
-/// The next connection. An accept error (EMFILE and friends) is logged and
-/// backed off from instead of spinning.
-async fn accept(listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+/// The next connection. An accept error (EMFILE and friends) is backed off
+/// from instead of spinning, and logged at most once a second.
+async fn accept(listener: &TcpListener, name: &str, errors: &mut AcceptErrors) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(accepted) => return accepted,
             Err(e) => {
-                tracing::warn!(listener = name, error = %e, "accept failed");
+                if let Some(left_out) = errors.note(std::time::Instant::now()) {
+                    tracing::warn!(listener = name, error = %e, left_out, "accept failed (left_out: failures since the last such line)");
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

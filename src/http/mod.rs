@@ -9,7 +9,8 @@
 //!   and per-connection memory, and the lingering close after a refusal.
 //! - [`listener`] and [`connection`] — the one accept loop (HTTP/1.1, h2c,
 //!   TLS) with its per-connection limits, for the gateway and every
-//!   internal listener.
+//!   internal listener; `accept_errors` keeps its failures to a line a
+//!   second.
 //! - [`head`] — copying a message head out of hyper's read buffer, so a
 //!   head held while a request is in flight does not make its connection
 //!   allocate a second one.
@@ -26,6 +27,7 @@
 //! - [`trace_context`] — W3C `traceparent`/`tracestate`: the trace id, and
 //!   the child span a new hop sends.
 
+mod accept_errors;
 pub mod body;
 pub mod client;
 pub mod connection;

@@ -7,6 +7,7 @@ pub mod config_file;
 pub mod failover_load;
 pub mod gateway;
 pub mod http_server;
+pub mod jwt;
 pub mod outbox;
 pub mod outbox_check;
 pub mod pgbouncer;

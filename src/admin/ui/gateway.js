@@ -79,7 +79,7 @@ async function lookUp(event) {
   current = null;
   try {
     const record = await call("GET", keyPath(key, tenant), {
-      notFound: "No record of this key for this tenant: it was never used, has expired, or the tenant differs (check it is the client's exact Authorization value).",
+      notFound: "No record of this key for this tenant: it was never used, has expired, or the tenant differs (check it is what the tenant source reads: by default the client's exact Authorization value).",
     });
     current = { key, tenant };
     fields(document.getElementById("record-fields"), [["Key", key], ["Tenant", tenant || "(none)"], ...describe(record)]);

@@ -34,7 +34,7 @@ use crate::http::body::ResponseBody;
 use crate::http::client::UpstreamError;
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::{BodyError, linger, read_whole};
-use crate::idempotency::{Fence, IdempotencyKey, ScopedKey};
+use crate::idempotency::{Fence, IdempotencyKey, ScopedKey, TenantError};
 use crate::store::{Begin, Store};
 use attempt::Attempt;
 
@@ -77,6 +77,10 @@ pub(super) async fn run<S: Store>(
     };
     let tenant = match gateway.tenant.tenant_of(&parts.headers) {
         Ok(tenant) => tenant,
+        Err(TenantError::Unauthenticated { challenge, why }) => {
+            let problem = Problem::Unauthenticated { challenge, why };
+            return (Disposition::Unauthenticated, None, problem.to_response());
+        }
         Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
     };
     let scoped = ScopedKey::new(&tenant, &key);
