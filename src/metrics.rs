@@ -32,6 +32,8 @@ pub struct Metrics {
     pub fence_rejections: IntCounterVec,
     /// `idemgate_settle_abandoned_total`.
     pub settle_abandoned: IntCounter,
+    /// `idemgate_settled_after_lapse_total`.
+    pub settled_after_lapse: IntCounter,
     /// `idemgate_store_unreplicated_total{operation}`.
     pub store_unreplicated: IntCounterVec,
     /// `idemgate_unreplicated_answers_total`.
@@ -115,7 +117,12 @@ impl Metrics {
             ),
             settle_abandoned: counter(
                 "idemgate_settle_abandoned_total",
-                "Attempts that could not complete or release their record before its lease ended (the store stayed down).",
+                "Attempts that could not settle their record: a release before its lease ended, a completion before \
+                 upstream_deadline (the store stayed down).",
+            ),
+            settled_after_lapse: counter(
+                "idemgate_settled_after_lapse_total",
+                "Completions that landed after their lease had lapsed, under their fence, nobody having taken over.",
             ),
             store_unreplicated: counter_vec(
                 "idemgate_store_unreplicated_total",

@@ -122,7 +122,7 @@ async fn another_fingerprint_on_an_in_flight_key_is_a_mismatch<S: Store>(store: 
         "the mismatching begin changed the record: {after:?}"
     );
     assert!(
-        store.complete(&key, first, Completion::NotKept, TTL).await.unwrap(),
+        store.complete(&key, &fp, first, Completion::NotKept, TTL).await.unwrap(),
         "the first attempt still holds the key"
     );
 }
@@ -130,7 +130,7 @@ async fn another_fingerprint_on_an_in_flight_key_is_a_mismatch<S: Store>(store: 
 async fn another_fingerprint_on_a_completed_key_is_a_mismatch<S: Store>(store: Arc<S>) {
     let (key, fp, other) = (fresh_key(), fresh_fingerprint(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     let record = existing(&*store, &key, &other).await;
     assert_eq!(*record.fingerprint(), fp);
     assert_eq!(decide(&record, &other), Decision::Mismatch);
@@ -140,7 +140,7 @@ async fn another_fingerprint_on_a_completed_key_is_a_mismatch<S: Store>(store: A
 async fn a_completed_key_replays_the_byte_identical_response<S: Store>(store: Arc<S>) {
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&response), TTL).await.unwrap());
     let expected = Record::Completed { fingerprint: fp, response: Some(response.clone()) };
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, expected);
@@ -152,7 +152,7 @@ async fn an_empty_response_is_kept_as_a_response<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let empty = StoredResponse { status: 204, headers: Default::default(), body: Bytes::new() };
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&empty), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&empty), TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(decide(&record, &fp), Decision::Replay(&empty), "an empty body is not a missing response");
 }
@@ -160,7 +160,7 @@ async fn an_empty_response_is_kept_as_a_response<S: Store>(store: Arc<S>) {
 async fn a_completion_without_a_response_is_not_replayable<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::NotKept, TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, Record::Completed { fingerprint: fp, response: None });
     assert_eq!(decide(&record, &fp), Decision::NotReplayable);
@@ -169,13 +169,13 @@ async fn a_completion_without_a_response_is_not_replayable<S: Store>(store: Arc<
 async fn an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged<S: Store>(store: Arc<S>) {
     let (key, fp, other) = (fresh_key(), fresh_fingerprint(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Unknown, TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Unknown, TTL).await.unwrap());
     let record = existing(&*store, &key, &fp).await;
     assert_eq!(record, Record::Unknown { fingerprint: fp });
     assert_eq!(decide(&record, &fp), Decision::OutcomeUnknown);
     assert_eq!(decide(&existing(&*store, &key, &other).await, &other), Decision::Mismatch);
     assert!(!store.release(&key, fence).await.unwrap(), "an unknown record is no longer in flight");
-    assert!(!store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "nor completable again");
+    assert!(!store.complete(&key, &fp, fence, Completion::NotKept, TTL).await.unwrap(), "nor completable again");
     assert_eq!(store.get(&key).await.unwrap(), Some(Record::Unknown { fingerprint: fp }));
     assert!(store.purge(&key).await.unwrap(), "an operator can purge it");
     acquire(&*store, &key, &fp, LEASE).await;
@@ -186,7 +186,10 @@ async fn a_wrong_fence_can_neither_renew_complete_nor_release<S: Store>(store: A
     let fence = acquire(&*store, &key, &fp, LEASE).await;
     let wrong = Fence::random();
     assert!(!store.renew(&key, wrong, LEASE * 100).await.unwrap(), "renew");
-    assert!(!store.complete(&key, wrong, Completion::Response(&awkward_response()), TTL).await.unwrap(), "complete");
+    assert!(
+        !store.complete(&key, &fp, wrong, Completion::Response(&awkward_response()), TTL).await.unwrap(),
+        "complete"
+    );
     assert!(!store.release(&key, wrong).await.unwrap(), "release");
     match store.get(&key).await.unwrap() {
         Some(Record::InFlight { fingerprint, fence: held, lease_remaining }) => {
@@ -197,24 +200,67 @@ async fn a_wrong_fence_can_neither_renew_complete_nor_release<S: Store>(store: A
     }
 }
 
-async fn fenced_operations_on_a_missing_key_change_nothing<S: Store>(store: Arc<S>) {
+async fn renew_and_release_on_a_missing_key_change_nothing<S: Store>(store: Arc<S>) {
     let key = fresh_key();
     let fence = Fence::random();
     assert!(!store.renew(&key, fence, LEASE).await.unwrap(), "renew");
-    assert!(!store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap(), "complete");
-    assert!(!store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "complete without a response");
     assert!(!store.release(&key, fence).await.unwrap(), "release");
     assert_eq!(store.get(&key).await.unwrap(), None, "no record was created");
+}
+
+/// The record of an attempt whose lease lapsed while the store was down
+/// may be gone when the store returns (Redis expires it). Nobody took
+/// over, since a takeover writes its own fence, and the upstream acted:
+/// the completion creates the record, and the request is replayed.
+async fn a_complete_that_finds_no_record_creates_the_completed_one<S: Store>(store: Arc<S>) {
+    let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
+    let fence = Fence::random();
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&response), TTL).await.unwrap());
+    let completed = Record::Completed { fingerprint: fp, response: Some(response.clone()) };
+    assert_eq!(store.get(&key).await.unwrap(), Some(completed.clone()));
+    assert_eq!(existing(&*store, &key, &fp).await, completed, "a retry replays it");
+    let late = StoredResponse { status: 500, headers: Default::default(), body: Bytes::from_static(b"late") };
+    let other = Fence::random();
+    assert!(!store.complete(&key, &fp, other, Completion::Response(&late), TTL).await.unwrap(), "never overwritten");
+    assert!(!store.release(&key, fence).await.unwrap(), "nor released");
+
+    let (unknown, fp) = (fresh_key(), fresh_fingerprint());
+    assert!(store.complete(&unknown, &fp, Fence::random(), Completion::Unknown, TTL).await.unwrap());
+    assert_eq!(existing(&*store, &unknown, &fp).await, Record::Unknown { fingerprint: fp }, "an unknown outcome held");
+}
+
+/// The store was down past the lease, and came back before anyone took
+/// over: the attempt's completion still lands.
+async fn a_complete_after_its_lease_lapsed_lands_while_nobody_took_over<S: Store>(store: Arc<S>) {
+    let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
+    let fence = acquire(&*store, &key, &fp, SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(!store.renew(&key, fence, LEASE).await.unwrap(), "a lapsed lease is not renewed");
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&response), TTL).await.unwrap());
+    let completed = Record::Completed { fingerprint: fp, response: Some(response) };
+    assert_eq!(existing(&*store, &key, &fp).await, completed, "a retry replays it");
+}
+
+/// A lapsed attempt of another fence is refused, like a live one, while the
+/// store holds it (Redis drops it a lease after the lapse).
+async fn a_complete_under_another_fence_is_refused_even_after_the_lease_lapsed<S: Store>(store: Arc<S>) {
+    let (key, fp) = (fresh_key(), fresh_fingerprint());
+    acquire(&*store, &key, &fp, SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let other = Fence::random();
+    assert!(!store.complete(&key, &fp, other, Completion::NotKept, TTL).await.unwrap(), "another fence");
+    assert_eq!(store.get(&key).await.unwrap(), None, "the lapsed record is still no record");
+    acquire(&*store, &key, &fp, LEASE).await;
 }
 
 async fn fenced_operations_on_a_completed_key_change_nothing<S: Store>(store: Arc<S>) {
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&response), TTL).await.unwrap());
     let other = StoredResponse { status: 500, headers: Default::default(), body: Bytes::from_static(b"late") };
-    assert!(!store.complete(&key, fence, Completion::Response(&other), TTL).await.unwrap(), "a second complete");
+    assert!(!store.complete(&key, &fp, fence, Completion::Response(&other), TTL).await.unwrap(), "a second complete");
     assert!(
-        !store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(),
+        !store.complete(&key, &fp, fence, Completion::NotKept, TTL).await.unwrap(),
         "a second complete without a response"
     );
     assert!(!store.renew(&key, fence, LEASE).await.unwrap(), "renew");
@@ -237,13 +283,16 @@ async fn a_stale_fence_cannot_complete_after_release_and_reacquire<S: Store>(sto
     assert!(store.release(&key, stale).await.unwrap());
     let current = acquire(&*store, &key, &fp, LEASE).await;
     assert!(
-        !store.complete(&key, stale, Completion::Response(&awkward_response()), TTL).await.unwrap(),
+        !store.complete(&key, &fp, stale, Completion::Response(&awkward_response()), TTL).await.unwrap(),
         "stale complete"
     );
     assert!(!store.renew(&key, stale, LEASE).await.unwrap(), "stale renew");
     assert!(!store.release(&key, stale).await.unwrap(), "stale release");
     assert!(matches!(store.get(&key).await.unwrap(), Some(Record::InFlight { fence, .. }) if fence == current));
-    assert!(store.complete(&key, current, Completion::NotKept, TTL).await.unwrap(), "the current attempt completes");
+    assert!(
+        store.complete(&key, &fp, current, Completion::NotKept, TTL).await.unwrap(),
+        "the current attempt completes"
+    );
 }
 
 async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(store: Arc<S>) {
@@ -254,10 +303,13 @@ async fn an_expired_lease_is_taken_over_and_the_old_fence_is_dead<S: Store>(stor
     let fence = Fence::random();
     let begin = store.try_begin(&key, &fp, fence, LEASE).await.unwrap();
     assert_eq!(begin, Begin::Acquired { took_over: true }, "the same request after a lapsed lease is a takeover");
-    assert!(!store.complete(&key, old, Completion::Response(&awkward_response()), TTL).await.unwrap(), "old complete");
+    assert!(
+        !store.complete(&key, &fp, old, Completion::Response(&awkward_response()), TTL).await.unwrap(),
+        "old complete"
+    );
     assert!(!store.release(&key, old).await.unwrap(), "old release");
     assert!(!store.renew(&key, old, LEASE).await.unwrap(), "old renew");
-    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap(), "the new attempt completes");
+    assert!(store.complete(&key, &fp, fence, Completion::NotKept, TTL).await.unwrap(), "the new attempt completes");
 }
 
 async fn another_request_after_a_lapsed_lease_starts_afresh<S: Store>(store: Arc<S>) {
@@ -285,7 +337,7 @@ async fn renew_extends_a_live_lease<S: Store>(store: Arc<S>) {
 async fn a_completed_record_expires_after_its_ttl<S: Store>(store: Arc<S>) {
     let (key, fp) = (fresh_key(), fresh_fingerprint());
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), SHORT).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), SHORT).await.unwrap());
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(store.get(&key).await.unwrap(), None);
     acquire(&*store, &key, &fresh_fingerprint(), LEASE).await;
@@ -300,7 +352,7 @@ async fn get_reports_no_record_then_the_record_as_it_stands<S: Store>(store: Arc
     };
     assert_eq!((fingerprint, held), (fp, fence));
     assert!(!lease_remaining.is_zero() && lease_remaining <= LEASE);
-    assert!(store.complete(&key, fence, Completion::NotKept, TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::NotKept, TTL).await.unwrap());
     assert_eq!(store.get(&key).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
     assert_eq!(store.get(&key).await.unwrap(), store.get(&key).await.unwrap(), "get changes nothing");
 }
@@ -311,12 +363,9 @@ async fn purge_deletes_any_record_and_reports_whether_one_existed<S: Store>(stor
     let purged = acquire(&*store, &key, &fp, LEASE).await;
     assert!(store.purge(&key).await.unwrap(), "an in-flight record");
     assert_eq!(store.get(&key).await.unwrap(), None);
-    assert!(
-        !store.complete(&key, purged, Completion::NotKept, TTL).await.unwrap(),
-        "the purged attempt cannot complete"
-    );
+    assert!(!store.release(&key, purged).await.unwrap(), "the purged attempt has nothing to release");
     let fence = acquire(&*store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(store.purge(&key).await.unwrap(), "a completed record");
     assert_eq!(store.get(&key).await.unwrap(), None);
     assert!(!store.purge(&key).await.unwrap(), "already purged");
@@ -429,7 +478,10 @@ conformance_suite! {
     a_completion_without_a_response_is_not_replayable,
     an_unknown_outcome_holds_the_key_until_it_expires_or_is_purged,
     a_wrong_fence_can_neither_renew_complete_nor_release,
-    fenced_operations_on_a_missing_key_change_nothing,
+    renew_and_release_on_a_missing_key_change_nothing,
+    a_complete_that_finds_no_record_creates_the_completed_one,
+    a_complete_after_its_lease_lapsed_lands_while_nobody_took_over,
+    a_complete_under_another_fence_is_refused_even_after_the_lease_lapsed,
     fenced_operations_on_a_completed_key_change_nothing,
     release_with_the_right_fence_deletes_and_the_next_begin_acquires,
     a_stale_fence_cannot_complete_after_release_and_reacquire,
@@ -485,7 +537,7 @@ async fn a_redis_store_reports_an_outage_within_its_timeout_and_recovers() {
     assert!(recovered, "the store did not recover after the server came back");
     // The restarted server is empty (no persistence), and scripts load again.
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
@@ -511,7 +563,7 @@ async fn a_redis_store_opens_while_its_server_is_down_and_works_once_it_returns(
     tokio::task::block_in_place(|| server.start_again());
     store.ping().await.expect("the first ping after the server returns connects");
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
@@ -529,7 +581,7 @@ async fn a_cluster_store_opens_while_every_node_is_down_and_works_once_the_clust
     tokio::task::block_in_place(|| cluster.start_again());
     store.ping().await.expect("the first ping after the cluster is up connects");
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&awkward_response()), TTL).await.unwrap());
     assert!(matches!(existing(&store, &key, &fp).await, Record::Completed { response: Some(_), .. }));
 }
 
@@ -576,7 +628,7 @@ async fn a_postgres_store_with_keys_keeps_responses_sealed_at_rest() {
     let store = PostgresStore::open(&schema.store_url()).await.expect("open").sealed(Some(sealer));
     let (key, fp, response) = (fresh_key(), fresh_fingerprint(), awkward_response());
     let fence = acquire(&store, &key, &fp, LEASE).await;
-    assert!(store.complete(&key, fence, Completion::Response(&response), TTL).await.unwrap());
+    assert!(store.complete(&key, &fp, fence, Completion::Response(&response), TTL).await.unwrap());
     let client = schema.connect().await;
     let sql = schema.sql("SELECT response FROM idemgate.gateway_keys WHERE key = $1");
     let stored: Vec<u8> = client.query_one(&sql, &[&&key.as_bytes()[..]]).await.unwrap().get(0);

@@ -365,9 +365,18 @@ impl<S: Store> Gateway<S> {
         op: StoreOp,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.store_call_within(op, self.policy.store_timeout, operation).await
+    }
+
+    /// [`Self::store_call`] bounded by `limit` instead of `store_timeout`.
+    async fn store_call_within<T>(
+        &self,
+        op: StoreOp,
+        limit: Duration,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let started = Instant::now();
-        let result =
-            tokio::time::timeout(self.policy.store_timeout, operation).await.unwrap_or(Err(StoreError::Timeout));
+        let result = tokio::time::timeout(limit, operation).await.unwrap_or(Err(StoreError::Timeout));
         let series = &self.store_series;
         let latency = series.latency.get(op as usize, || self.metrics.store_latency.with_label_values(&[op.as_str()]));
         latency.observe(started.elapsed().as_secs_f64());

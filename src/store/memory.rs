@@ -333,6 +333,7 @@ impl Store for MemoryStore {
     async fn complete(
         &self,
         key: &ScopedKey,
+        fingerprint: &Fingerprint,
         fence: Fence,
         completion: Completion<'_>,
         ttl: Duration,
@@ -345,23 +346,62 @@ impl Store for MemoryStore {
             Completion::Response(response) => self.reserve_bytes(response.size(), now).then_some(response),
             Completion::NotKept | Completion::Unknown => None,
         };
-        let mut shard = self.shard(key);
-        let Some(entry) = shard.held(key, fence, now) else {
+        let give_back = |kept: Option<&StoredResponse>| {
             if let Some(response) = kept {
                 self.budgets.bytes.release(response.size());
             }
-            return Ok(false);
         };
-        let held_before = entry.size();
-        entry.state = match completion {
+        let state = || match completion {
             Completion::Unknown => State::Unknown,
             // Out of budget even after the sweep (`kept` is `None`): keep the fact, drop the body.
             Completion::Response(_) | Completion::NotKept => State::Completed { response: kept.cloned() },
         };
-        entry.expires_at = now + ttl;
-        shard.expires(now + ttl);
-        self.budgets.bytes.release(held_before);
-        Ok(true)
+        // At most twice, as in `try_begin`: a record to create may need a
+        // sweep for room, which needs this shard's lock released.
+        let mut swept = false;
+        loop {
+            let mut shard = self.shard(key);
+            match shard.map.get_mut(key) {
+                // Ours, its lease live or lapsed: nobody took over.
+                Some(entry) if matches!(entry.state, State::InFlight { fence: f } if f == fence) => {
+                    entry.state = state();
+                    entry.expires_at = now + ttl;
+                    shard.expires(now + ttl);
+                    return Ok(true);
+                }
+                // Another attempt's, or completed while it lives: never overwritten.
+                Some(entry) if entry.expires_at > now || matches!(entry.state, State::InFlight { .. }) => {
+                    give_back(kept);
+                    return Ok(false);
+                }
+                // An expired completion is no record.
+                Some(entry) => {
+                    let held_before = entry.size();
+                    *entry = Entry { fingerprint: *fingerprint, state: state(), expires_at: now + ttl };
+                    shard.expires(now + ttl);
+                    self.budgets.bytes.release(held_before);
+                    return Ok(true);
+                }
+                // No record: our lease lapsed and the record went, and nobody
+                // took over (a takeover writes its own fence). The upstream
+                // acted, so the record says so.
+                None if self.budgets.entries.try_reserve(1) => {
+                    let entry = Entry { fingerprint: *fingerprint, state: state(), expires_at: now + ttl };
+                    shard.map.insert(*key, entry);
+                    shard.expires(now + ttl);
+                    return Ok(true);
+                }
+                None if swept => {
+                    give_back(kept);
+                    return Err(StoreError::Full("the embedded store holds max_entries live records"));
+                }
+                None => {
+                    drop(shard);
+                    self.sweep_for_room(now);
+                    swept = true;
+                }
+            }
+        }
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {

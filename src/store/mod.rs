@@ -9,7 +9,12 @@
 //!   as it stands. Two concurrent calls for one key never both acquire.
 //! - [`Store::renew`], [`Store::complete`] and [`Store::release`] are
 //!   **fenced**: they change the record only while it is in flight under
-//!   the caller's [`Fence`], and report whether they did.
+//!   the caller's [`Fence`], and report whether they did. `renew` and
+//!   `release` need the lease live; a release that finds no record is a
+//!   no-op. `complete` does not ([`Store::complete`]): a completion that
+//!   comes after its lease lapsed (the store was down while it was being
+//!   settled) still lands when nobody took over, because a takeover
+//!   writes its own fence.
 //! - An in-flight record expires when its lease ends; a completed or
 //!   unknown one `ttl` after completion. An expired record is the same as no record.
 //! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
@@ -102,10 +107,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Ends the caller's attempt: completed with its response, completed
     /// without one (too large to keep), or held as unknown. The record is
-    /// then kept for `ttl`.
+    /// then kept for `ttl`. Precisely, by what the store holds for `key`:
+    ///
+    /// - in flight under `fence`, its lease live **or lapsed**: completed,
+    ///   `true`;
+    /// - nothing (the lapsed record expired, as Redis expires it, or an
+    ///   operator purged it), or a completed or unknown record past its
+    ///   `ttl`: a completed record is created with `fingerprint`, `true`.
+    ///   Nobody took over (a takeover writes a new fence), and the upstream
+    ///   acted, so the record saying so is correct;
+    /// - in flight under another fence, lease live or lapsed: `false` (a
+    ///   lapsed one only while the store still holds it: Redis drops it a
+    ///   lease after the lapse, and then the case above applies);
+    /// - completed or unknown and live: never overwritten, `false` (Redis
+    ///   answers `true` to a repeat under the same fence when it only waits
+    ///   for replicas again, see [`redis::RedisStore`]).
     fn complete(
         &self,
         key: &ScopedKey,
+        fingerprint: &Fingerprint,
         fence: Fence,
         completion: Completion<'_>,
         ttl: Duration,
@@ -203,11 +223,12 @@ impl Store for AnyStore {
     async fn complete(
         &self,
         key: &ScopedKey,
+        fingerprint: &Fingerprint,
         fence: Fence,
         completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        delegate!(self, s => s.complete(key, fence, completion, ttl))
+        delegate!(self, s => s.complete(key, fingerprint, fence, completion, ttl))
     }
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
         delegate!(self, s => s.release(key, fence))

@@ -1,7 +1,7 @@
 //! Postgres backend: one row per record in `idemgate.gateway_keys`.
 //!
 //! The table comes from the same versioned migrations as the outbox
-//! (`src/outbox/migrations/0002_gateway_keys.sql`); [`PostgresStore::open`]
+//! (`src/postgres/migrations/0002_gateway_keys.sql`); [`PostgresStore::open`]
 //! runs them (idempotent, under an advisory lock), so pointing a gateway at
 //! a fresh database just works.
 //!
@@ -17,8 +17,10 @@
 //! (`record_codec`); this file only moves them in and out of rows.
 //!
 //! Rows do not vanish by themselves as Redis keys do, so an expired row is
-//! treated as absent by every statement: `get` does not see it, fenced
-//! transitions do not match it, and `try_begin` overwrites it (reporting
+//! treated as absent by every statement: `get` does not see it, renew and
+//! release do not match it, `complete` overwrites it only where it would
+//! have created a missing one or where it is the caller's own lapsed
+//! attempt (see [`Store::complete`]), and `try_begin` overwrites it (reporting
 //! `took_over` when it was an expired in-flight attempt of the same
 //! request, i.e. the same fingerprint). A background task
 //! deletes expired rows every [`CLEANUP_EVERY`], at most
@@ -80,10 +82,16 @@ const RENEW: &str = "
 UPDATE idemgate.gateway_keys SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
  WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
 
+// In flight under the caller's fence (lease live or lapsed): completed. No
+// row, or a completion past its retention: created. Anything else (another
+// fence, a live completion) is left alone and reports 0 rows.
 const COMPLETE: &str = "
-UPDATE idemgate.gateway_keys
-   SET state = $5, response = $3, expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
- WHERE key = $1 AND state = 'i' AND fence = $2 AND expires_at > clock_timestamp()";
+INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at)
+VALUES ($1, $6, $5, $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE
+   SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, fence = EXCLUDED.fence,
+       response = EXCLUDED.response, expires_at = EXCLUDED.expires_at
+ WHERE (k.state = 'i' AND k.fence = $2) OR (k.state <> 'i' AND k.expires_at <= clock_timestamp())";
 
 const RELEASE: &str = "
 DELETE FROM idemgate.gateway_keys
@@ -280,14 +288,17 @@ impl Store for PostgresStore {
     async fn complete(
         &self,
         key: &ScopedKey,
+        fingerprint: &Fingerprint,
         fence: Fence,
         completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key_bytes = &key.as_bytes()[..];
         let written = self.codec.encode(key, completion)?;
-        let (state, response) = (written.state as i8, written.response);
-        Ok(self.execute(COMPLETE, &[&key_bytes, &(fence.0 as i64), &response, &millis(ttl), &state]).await? == 1)
+        let (state, response, fp) = (written.state as i8, written.response, &fingerprint.0[..]);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&key_bytes, &(fence.0 as i64), &response, &millis(ttl), &state, &fp];
+        Ok(self.execute(COMPLETE, &params).await? == 1)
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {

@@ -8,7 +8,9 @@
 //! store uses too (`record_codec`). Redis expires records by itself: a completed
 //! record `ttl` after completion, an in-flight one two lease lengths after
 //! its last renewal (past `until` it already counts as absent; the second
-//! length only lets a same-fingerprint begin be reported as a takeover).
+//! length only lets a same-fingerprint begin be reported as a takeover,
+//! and a late completion under its fence find its record). A completion
+//! that finds no record at all creates it (see [`Store::complete`]).
 //!
 //! Each transition is one Lua script over that one key, so it is atomic and
 //! costs one round trip; the replay path is a single `EVALSHA`. The key is
@@ -351,13 +353,14 @@ impl Store for RedisStore {
     async fn complete(
         &self,
         key: &ScopedKey,
+        fingerprint: &Fingerprint,
         fence: Fence,
         completion: Completion<'_>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let written = self.codec.encode(key, completion)?;
         let mut cmd = self.evalsha(&self.scripts.complete, key);
-        cmd.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]);
+        cmd.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]).arg(&fingerprint.0[..]);
         if let Some(response) = written.response {
             cmd.arg(response);
         }

@@ -24,8 +24,8 @@ use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
 use crate::http::request_body::BufferedBody;
-use crate::idempotency::{Completion, Fence, ScopedKey, StoredResponse};
-use crate::lease::{Abandoned, Lease, Renewal};
+use crate::idempotency::{Completion, Fence, Fingerprint, ScopedKey, StoredResponse};
+use crate::lease::{Abandoned, Lease, Renewal, SettleBounds, Settlement};
 use crate::store::{Store, StoreError};
 
 /// An upstream response whose body was read up to the stored-response cap.
@@ -53,6 +53,7 @@ pub(super) struct Attempt<S> {
     pub(super) gateway: Arc<Gateway<S>>,
     pub(super) route: Arc<Route>,
     pub(super) scoped: ScopedKey,
+    pub(super) fingerprint: Fingerprint,
     pub(super) fence: Fence,
     pub(super) client: ClientInfo,
     /// The logged form of the key.
@@ -110,7 +111,7 @@ impl<S: Store> Attempt<S> {
         };
         drop(body);
         let (settle, stored, outcome, response) = self.conclude(forward);
-        self.settle(&mut lease, settle, stored).await;
+        self.settle(&mut lease, begun_at, settle, stored).await;
         if reply.is_none() {
             tracing::info!(
                 route = %self.route.name,
@@ -218,11 +219,15 @@ impl<S: Store> Attempt<S> {
     }
 
     /// Settles the record under this attempt's fence, retrying a failing
-    /// store while the lease holds ([`Lease::settle`]): a record left in
-    /// flight would let a retry take over and run the request again once
-    /// the lease ends, so a store blip shorter than the lease must never
-    /// get that far.
-    async fn settle(&self, lease: &mut Lease, settle: Settle, stored: Option<StoredResponse>) {
+    /// store ([`Lease::settle`]): a record left in flight would let a retry
+    /// take over and run the request again once the lease ends, so a store
+    /// blip shorter than the lease must never get that far. A completion
+    /// goes on past the lapse until `upstream_deadline`: fenced, it lands
+    /// only if nobody took over, and then it is still the truth. The
+    /// client waits for it: an answer means the record is settled (or
+    /// could not be by the deadline), so a client that retries only after
+    /// its answer replays.
+    async fn settle(&self, lease: &mut Lease, begun_at: Instant, settle: Settle, stored: Option<StoredResponse>) {
         let gateway = &self.gateway;
         let (length, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
         let (operation, completion) = match settle {
@@ -230,23 +235,30 @@ impl<S: Store> Attempt<S> {
             Settle::Unknown => (StoreOp::Complete, Some(Completion::Unknown)),
             Settle::Release => (StoreOp::Release, None),
         };
-        let try_settle = || async move {
+        let try_settle = |limit| async move {
+            let store = &gateway.store;
             match completion {
                 Some(completion) => {
-                    gateway
-                        .store_call(operation, gateway.store.complete(&self.scoped, self.fence, completion, ttl))
-                        .await
+                    let complete = store.complete(&self.scoped, &self.fingerprint, self.fence, completion, ttl);
+                    gateway.store_call_within(operation, limit, complete).await
                 }
-                None => gateway.store_call(operation, gateway.store.release(&self.scoped, self.fence)).await,
+                None => gateway.store_call_within(operation, limit, store.release(&self.scoped, self.fence)).await,
             }
         };
         let renew = || gateway.store_call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
-        let failed = |error: &StoreError, tries| {
-            if tries == 1 {
-                tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, "cannot settle the record yet; retrying while the lease holds");
+        // A release that does not land leaves the record to its lease, which
+        // is all a late release could achieve: only a completion goes on.
+        let until = completion.is_some().then_some(begun_at + gateway.policy.upstream_deadline);
+        let bounds = SettleBounds { one_try: gateway.policy.store_timeout, until };
+        let mut settling = Settling { attempt: self, lapsed: false };
+        let settled = lease.settle(bounds, try_settle, renew, &mut settling).await;
+        let lapsed = settling.lapsed;
+        match settled {
+            Ok(true) if lapsed => {
+                gateway.metrics.settled_after_lapse.inc();
+                tracing::info!(route = %self.route.name, key = self.hashed.as_deref(),
+                    "settled the record after its lease had lapsed: nobody had taken it over");
             }
-        };
-        match lease.settle(gateway.policy.store_timeout, try_settle, renew, failed).await {
             Ok(true) => {}
             Ok(false) => {
                 gateway.metrics.fence_rejections.with_label_values(&[operation.as_str()]).inc();
@@ -265,9 +277,41 @@ impl<S: Store> Attempt<S> {
             Err(Abandoned { error, tries }) => {
                 gateway.metrics.settle_abandoned.inc();
                 tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
-                    "cannot settle the record before its lease ends; a retry after that may run the request again");
+                    "cannot settle the record: the store stayed down past its lease and upstream_deadline; \
+                     a retry may run the request again");
             }
         }
+    }
+}
+
+/// What an attempt's settle hears ([`Lease::settle`]).
+struct Settling<'a, S> {
+    attempt: &'a Attempt<S>,
+    lapsed: bool,
+}
+
+impl<S: Store> Settlement<StoreError> for &mut Settling<'_, S> {
+    fn failed(&mut self, error: &StoreError, tries: u32) {
+        if tries == 1 {
+            let attempt = self.attempt;
+            tracing::warn!(route = %attempt.route.name, key = attempt.hashed.as_deref(), error = %error,
+                "cannot settle the record yet; retrying while the lease holds");
+        }
+    }
+
+    fn lapsed(&mut self) {
+        self.lapsed = true;
+        let attempt = self.attempt;
+        tracing::warn!(route = %attempt.route.name, key = attempt.hashed.as_deref(),
+            "the lease lapsed before the record could be settled: settling under the fence until \
+             upstream_deadline (a retry that reaches the store first runs again)");
+    }
+
+    /// A completion the replicas did not acknowledge is on the primary
+    /// already; waiting on for them would only queue `WAIT`s on the shared
+    /// connection.
+    fn worth_trying_after_lapse(&self, error: &StoreError) -> bool {
+        !matches!(error, StoreError::Unreplicated { .. })
     }
 }
 

@@ -15,7 +15,10 @@
 //!    answer gets the replay. What it settles to follows one rule — store
 //!    what says the upstream acted, release only what proves it did not,
 //!    and hold as unknown what nobody can tell — and a settle that meets a
-//!    failing store is retried, renewing the lease, while the lease lasts;
+//!    failing store is retried, renewing the lease, while the lease lasts.
+//!    If the lease lapses first, the client is answered then, and the
+//!    settle goes on under its fence until `upstream_deadline`: the store
+//!    refuses it if another attempt took over, and takes it otherwise;
 //! 5. the client's disconnect cannot cancel steps 3 and 4.
 
 use std::sync::Arc;
@@ -94,6 +97,7 @@ pub(super) async fn run<S: Store>(
         gateway: gateway.clone(),
         route: route.clone(),
         scoped,
+        fingerprint,
         fence,
         client: connection.client.clone(),
         hashed: hashed.clone(),

@@ -86,7 +86,7 @@ async fn a_full_store_makes_room_from_records_whose_expiry_was_set_after_its_las
     store.try_begin(&key_in(1, 0), &fp, Fence(2), LONG).await.unwrap();
     assert!(refuses(&store, 0).await, "two live records: full, and the sweep found nothing to drop");
     // A completion whose TTL is shorter than the lease it ends.
-    assert!(store.complete(&key_in(0, 0), Fence(1), Completion::NotKept, SHORT).await.unwrap());
+    assert!(store.complete(&key_in(0, 0), &fp, Fence(1), Completion::NotKept, SHORT).await.unwrap());
     assert!(refuses(&store, 0).await, "nothing expired yet");
     tokio::time::advance(after_short).await;
     assert!(!refuses(&store, 0).await, "the completed record expired and made room");
@@ -129,7 +129,10 @@ async fn the_budget_of_expired_records_is_reused() {
     for n in 25..50u16 {
         store.try_begin(&key_in(1, n), &fp, Fence(1), LEASE).await.unwrap();
         assert!(
-            store.complete(&key_in(1, n), Fence(1), Completion::Response(&response(10)), Duration::ZERO).await.unwrap()
+            store
+                .complete(&key_in(1, n), &fp, Fence(1), Completion::Response(&response(10)), Duration::ZERO)
+                .await
+                .unwrap()
         );
     }
     // All 50 have expired; 50 new keys in other shards take their places.
@@ -148,7 +151,7 @@ async fn a_one_mebibyte_budget_stores_a_30_kib_response() {
     let fp = Fingerprint([1; 32]);
     store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
     let stored = response(30 << 10);
-    assert!(store.complete(&key(0), Fence(1), Completion::Response(&stored), TTL).await.unwrap());
+    assert!(store.complete(&key(0), &fp, Fence(1), Completion::Response(&stored), TTL).await.unwrap());
     assert_eq!(store.get(&key(0)).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: Some(stored) }));
 }
 
@@ -157,7 +160,7 @@ async fn a_response_over_the_byte_budget_is_kept_without_its_body() {
     let store = MemoryStore::new(100, 1000);
     let fp = Fingerprint([1; 32]);
     store.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
-    assert!(store.complete(&key(0), Fence(1), Completion::Response(&response(2000)), TTL).await.unwrap());
+    assert!(store.complete(&key(0), &fp, Fence(1), Completion::Response(&response(2000)), TTL).await.unwrap());
     assert_eq!(store.get(&key(0)).await.unwrap(), Some(Record::Completed { fingerprint: fp, response: None }));
     store.assert_accounting_is_exact();
 }
@@ -169,7 +172,7 @@ async fn bodies_fill_the_byte_budget_and_expired_ones_make_room() {
     let fp = Fingerprint([1; 32]);
     for (n, ttl) in [(0, Duration::ZERO), (1, TTL), (2, TTL), (3, TTL)] {
         store.try_begin(&key(n), &fp, Fence(1), LEASE).await.unwrap();
-        assert!(store.complete(&key(n), Fence(1), Completion::Response(&response(600)), ttl).await.unwrap());
+        assert!(store.complete(&key(n), &fp, Fence(1), Completion::Response(&response(600)), ttl).await.unwrap());
     }
     let has_body =
         |n| store.shard(&key(n)).map.get(&key(n)).map(|e| matches!(e.state, State::Completed { response: Some(_) }));
@@ -232,7 +235,7 @@ async fn expired_records_are_reclaimed_before_the_store_fills() {
     // (its retry is a takeover) but drops an expired completed record.
     let done = MemoryStore::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
     done.try_begin(&key(0), &fp, Fence(1), LEASE).await.unwrap();
-    assert!(done.complete(&key(0), Fence(1), Completion::NotKept, Duration::ZERO).await.unwrap());
+    assert!(done.complete(&key(0), &fp, Fence(1), Completion::NotKept, Duration::ZERO).await.unwrap());
     done.try_begin(&key(64), &fp, Fence(2), Duration::ZERO).await.unwrap();
     let mut shard = done.shard(&key(0));
     shard.sweep(Instant::now(), Duration::from_secs(60), &done.budgets);
@@ -256,7 +259,7 @@ async fn a_lease_lapses_after_its_length_and_a_record_after_its_ttl() {
     tokio::time::advance(LEASE).await;
     assert_eq!(store.try_begin(&key(0), &fp, Fence(3), LEASE).await.unwrap(), Begin::Acquired { took_over: true });
     assert!(!store.renew(&key(0), Fence(1), LEASE).await.unwrap(), "the first attempt is fenced out");
-    assert!(store.complete(&key(0), Fence(3), Completion::NotKept, TTL).await.unwrap());
+    assert!(store.complete(&key(0), &Fingerprint([1; 32]), Fence(3), Completion::NotKept, TTL).await.unwrap());
     tokio::time::advance(TTL - Duration::from_millis(1)).await;
     assert!(store.get(&key(0)).await.unwrap().is_some(), "kept for its whole ttl");
     tokio::time::advance(Duration::from_millis(1)).await;
@@ -308,9 +311,9 @@ proptest! {
                     Step::Begin { key, expired } => store.try_begin(&at(key), &fp, Fence(1), lease(expired)).await.map(|_| true),
                     Step::Complete { key, body, expired } => {
                         let body = body.map(response);
-                        store.complete(&at(key), Fence(1), Completion::from_response(body.as_ref()), lease(expired)).await
+                        store.complete(&at(key), &fp, Fence(1), Completion::from_response(body.as_ref()), lease(expired)).await
                     }
-                    Step::Unknown { key } => store.complete(&at(key), Fence(1), Completion::Unknown, TTL).await,
+                    Step::Unknown { key } => store.complete(&at(key), &fp, Fence(1), Completion::Unknown, TTL).await,
                     Step::Renew { key } => store.renew(&at(key), Fence(1), LEASE).await,
                     Step::Release { key } => store.release(&at(key), Fence(1)).await,
                     Step::Purge { key } => store.purge(&at(key)).await,

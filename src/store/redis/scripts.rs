@@ -82,26 +82,36 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ";
 
-// A complete's own guard: as HELD, but a record this fence already
-// settled answers 2 and is left as it is. A complete whose WAIT fell short
-// is sent again by the same attempt, and must learn that its write stands
-// (only the replicas are waited for again), not that it was fenced out.
-const HELD_OR_SETTLED: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fence', 'until')
-if r[2] ~= ARGV[1] then return 0 end
-if r[1] == 'c' or r[1] == 'u' then return 2 end
-if r[1] ~= 'i' or tonumber(r[3]) <= now then return 0 end
-";
-
-// ARGV: fence, ttl ms, the new state ('c' or 'u'), then the stored response
-// when one is kept.
+// ARGV: fence, ttl ms, the new state ('c' or 'u'), fingerprint, then the
+// stored response when one is kept. No clock: a complete under its own
+// fence lands whether its lease is live or lapsed, and one that finds no
+// record creates it (a lapsed record expired during a long outage, and
+// nobody took over: a takeover writes its own fence). Another fence, or a
+// record completed by another attempt, answers 0. A record this fence
+// already settled answers 2 and is left as it is: a complete whose WAIT
+// fell short is sent again by the same attempt, and must learn that its
+// write stands (only the replicas are waited for again).
 const COMPLETE: &str = r"
-if ARGV[4] then
-  redis.call('HSET', KEYS[1], 'st', ARGV[3], 'resp', ARGV[4])
+local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
+if r[1] then
+  if r[2] ~= ARGV[1] then return 0 end
+  if r[1] == 'c' or r[1] == 'u' then return 2 end
+  if r[1] ~= 'i' then return 0 end
+  if ARGV[5] then
+    redis.call('HSET', KEYS[1], 'st', ARGV[3], 'resp', ARGV[5])
+  else
+    redis.call('HSET', KEYS[1], 'st', ARGV[3])
+  end
+  redis.call('HDEL', KEYS[1], 'until')
 else
-  redis.call('HSET', KEYS[1], 'st', ARGV[3])
+  -- A hash without a state is no record; nothing of it is kept.
+  if r[2] then redis.call('DEL', KEYS[1]) end
+  if ARGV[5] then
+    redis.call('HSET', KEYS[1], 'st', ARGV[3], 'fp', ARGV[4], 'fence', ARGV[1], 'resp', ARGV[5])
+  else
+    redis.call('HSET', KEYS[1], 'st', ARGV[3], 'fp', ARGV[4], 'fence', ARGV[1])
+  end
 end
-redis.call('HDEL', KEYS[1], 'until')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
@@ -127,7 +137,7 @@ impl Scripts {
             begin: Script::new(&[ANSWER, BEGIN].concat()),
             get: Script::new(&[ANSWER, GET].concat()),
             renew: Script::new(&[NOW, HELD, RENEW].concat()),
-            complete: Script::new(&[NOW, HELD_OR_SETTLED, COMPLETE].concat()),
+            complete: Script::new(COMPLETE),
             release: Script::new(&[NOW, HELD, RELEASE].concat()),
         }
     }
