@@ -328,8 +328,17 @@ url = "http://alice:{PASSWORD}@{addr}/hook"
     .await
     .unwrap();
     assert_eq!(status, 200, "{listing}");
-    let log = relay.log_tail(400);
-    assert!(log.contains("outbox row is dead"), "{log}");
+    // The relay's log reaches its file through the log buffer, written
+    // out about ten times a second: wait for both rows' dead lines.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = relay.log_tail(400);
+        if log.matches("outbox row is dead").count() >= 2 {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "no dead-row lines in the relay's log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for reason in &reasons {
         assert!(reason.starts_with("HTTP 401: ") && reason.contains("[redacted]"), "the echo came back: {reason}");
     }
