@@ -1,7 +1,7 @@
 //! Where records live: one [`Store`] trait, several backends.
 //!
 //! Every backend implements the same small contract, and every backend runs
-//! the same conformance suite (`tests/store_conformance.rs`):
+//! the same conformance suite (`tests/stores/conformance.rs`):
 //!
 //! - [`Store::try_begin`] is **one atomic operation**: it creates an
 //!   in-flight record when there is none (or takes over one whose lease has

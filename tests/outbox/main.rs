@@ -33,18 +33,42 @@
 //! - [`retention`]: a long-running outbox stays cheap — history is dropped
 //!   by whole day partitions, and relay sessions never sort, so a claim reads
 //!   only the rows it takes; retention never waits for an enqueuer's
-//!   ordering key (so never deadlocks with one).
+//!   ordering key (so never deadlocks with one);
+//! - [`enqueue`]: the derived key, byte for byte the same from SQL and
+//!   Rust, and what `enqueue` and `enqueue_many` refuse;
+//! - [`lanes`]: destinations are isolated (a slow one holds up no other)
+//!   and a claim is bounded by bytes;
+//! - [`publisher`]: a `2xx` whose body breaks off is delivered once, and no
+//!   header, credential or destination's body corrupts a request or a log;
+//! - [`unroutable`]: rows for a destination the relay does not have wait
+//!   in sight (gauge, warning, admin API) and flow once one does;
+//! - [`trace`]: one trace from the request that caused an effect to each
+//!   attempt at its delivery;
+//! - [`roles`]: a service role that can only enqueue and a relay role that
+//!   owns nothing are enough;
+//! - [`memory`]: the relay binary's memory stays bounded by bytes;
+//! - [`postgres_tls`]: the relay and the store over TLS to PostgreSQL;
+//! - [`pgbouncer`]: behind PgBouncer in transaction mode (opt-in).
 
 #[path = "../support/mod.rs"]
 mod support;
 
+mod enqueue;
 mod inspection;
+mod lanes;
 mod leases_and_fences;
+mod memory;
 mod once_per_key;
 mod ordering;
+mod pgbouncer;
+mod postgres_tls;
+mod publisher;
 mod retention;
 mod retries;
+mod roles;
 mod set_based;
+mod trace;
+mod unroutable;
 mod wake_ups;
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! A private PgBouncer in transaction mode in front of the shared
-//! PostgreSQL, for `tests/outbox_pgbouncer.rs`.
+//! PostgreSQL, for `tests/outbox/pgbouncer.rs`.
 //!
 //! The binary is `$PGBOUNCER` (the tests that need one are `#[ignore]`d,
 //! because Debian 12's 1.18 lacks what the relay needs). It listens on a

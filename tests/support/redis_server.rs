@@ -24,11 +24,34 @@ const CLUSTER_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// A port can be taken between [`free_port`] and the server binding it.
 const START_ATTEMPTS: usize = 3;
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, for a server a test starts
+/// as a child process (which must be told its port).
+///
+/// Taken from [`FREE_PORTS`], below the kernel's ephemeral range (32768 and
+/// up on Linux), not from `bind(0)`: a port from that range can be taken by
+/// any outgoing connection of a test running beside this one between this
+/// call and the server binding it (seen: a Sentinel failing with "Address
+/// already in use"). Each port is handed out once per process, walking the
+/// range from a random start (so two test processes rarely walk together),
+/// and one that something already holds is skipped.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address of a bound listener").port()
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let span = u32::from(FREE_PORTS.end - FREE_PORTS.start);
+    let next = NEXT.get_or_init(|| AtomicU32::new(rand::random::<u32>() % span));
+    for _ in 0..span {
+        let offset = next.fetch_add(1, Ordering::Relaxed) % span;
+        let port = FREE_PORTS.start + u16::try_from(offset).expect("an offset within the range");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FREE_PORTS:?}");
 }
+
+/// Where [`free_port`] looks: below the ephemeral range.
+pub const FREE_PORTS: std::ops::Range<u16> = 20_000..32_000;
 
 /// The shared Redis for tests that only need keys of their own: `REDIS_URL`,
 /// default `redis://127.0.0.1:6379/0`.

@@ -1,5 +1,5 @@
 //! The memory store's own tests: its limits, its sweeps and its accounting.
-//! (The behaviour every store shares is in `tests/store_conformance.rs`.)
+//! (The behaviour every store shares is in `tests/stores/conformance.rs`.)
 
 use super::*;
 use proptest::prelude::*;
