@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::StartError;
 use crate::config::Config;
-use crate::outbox::publisher::HttpPublisher;
+use crate::outbox::publisher::Destinations;
 use crate::outbox::relay::{Relay, Settings};
 use crate::outbox::relay_sessions;
 use crate::outbox::retry::RetryPolicy;
@@ -15,7 +15,7 @@ use crate::postgres::{Database, Endpoint, Schema};
 
 /// The HTTP relay a config describes, and the endpoint it LISTENs on.
 /// Connects to nothing: see [`Relay::start`](crate::outbox::relay::Relay::start).
-pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>), StartError> {
+pub fn build(config: &Config) -> Result<(Relay<Destinations>, Option<Endpoint>), StartError> {
     let url = config
         .relay
         .database_url
@@ -28,7 +28,7 @@ pub fn build(config: &Config) -> Result<(Relay<HttpPublisher>, Option<Endpoint>)
     // Parsed once: a bad sslmode or an unreadable sslrootcert stops the start here.
     let endpoint = Endpoint::parse(url.expose())?;
     let db = Database::open(relay_sessions(endpoint.clone()), config.relay.pool_size, schema)?;
-    let publisher = HttpPublisher::new(&config.destinations)?.with_scrubber(config.scrubber());
+    let publisher = Destinations::new(&config.destinations)?.with_scrubber(config.scrubber());
     let policies = config.destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
     let listen = config.relay.listen.then_some(endpoint);
     Ok((Relay::new(db, publisher, policies, Settings::from(&config.relay)), listen))

@@ -35,7 +35,7 @@ pub use gateway::{
     RouteConfig,
 };
 pub use load::Overrides;
-pub use relay::{DestinationConfig, RelayConfig, is_schema_name};
+pub use relay::{DestinationConfig, DestinationKind, RelayConfig, is_schema_name};
 pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
 pub use secret::{Secret, ServiceUrl, StoreKind};
 pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};

@@ -91,21 +91,56 @@ impl Default for RelayConfig {
     }
 }
 
+/// What a destination is: the publisher that serves it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DestinationKind {
+    /// An HTTP endpoint: the row's payload as a request body, the derived
+    /// key as `Idempotency-Key`.
+    #[default]
+    Http,
+    /// NATS JetStream: the payload as a message on `subject`, the derived
+    /// key as `Nats-Msg-Id`, delivered on the stream's acknowledgement.
+    Nats,
+}
+
+impl DestinationKind {
+    /// Its name in a config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Nats => "nats",
+        }
+    }
+}
+
 /// One outbox destination. Printed (`Debug`, `check-config`) with the
 /// URL's password and every header value redacted.
+///
+/// One table for every kind: the fields of another kind are refused where
+/// the destination is built (`crate::outbox::publisher`), naming the field.
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationConfig {
-    /// Where to send (`http://` or `https://`). Credentials in it
-    /// (`user:password@`) are sent as `Authorization: Basic` and redacted
-    /// when the config is printed.
+    /// The publisher that serves it: `http` (the default), `nats`.
+    #[serde(default)]
+    pub kind: DestinationKind,
+    /// Where to send: `http://` or `https://` for `http`; `nats://` (or
+    /// `tls://`, TLS required) for `nats`. Credentials in it
+    /// (`user:password@`) are used (HTTP: `Authorization: Basic`) and
+    /// redacted when the config is printed.
     #[serde(serialize_with = "redacted_url")]
     pub url: String,
-    /// HTTP method.
-    #[serde(default = "default_post")]
-    pub method: String,
-    /// Extra request headers. Their values are redacted when the config is
-    /// printed: they often carry credentials.
+    /// HTTP method (`http` only; default `POST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The subject each message is published on (`nats` only): a template
+    /// over `{destination}`, `{operation}`, `{business_key}` and
+    /// `{ordering_key}`, e.g. `"orders.{operation}"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Extra request (or message) headers. Their values are redacted when
+    /// the config is printed: they often carry credentials.
     #[serde(default, serialize_with = "redacted_values")]
     pub headers: BTreeMap<String, String>,
     /// Limit on one delivery attempt (until the whole response is read).
@@ -133,8 +168,10 @@ impl DestinationConfig {
     /// A destination with every default but its URL.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
+            kind: DestinationKind::Http,
             url: url.into(),
-            method: default_post(),
+            method: None,
+            subject: None,
             headers: BTreeMap::new(),
             timeout: default_destination_timeout(),
             max_attempts: default_max_attempts(),
@@ -149,8 +186,10 @@ impl DestinationConfig {
 impl std::fmt::Debug for DestinationConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DestinationConfig")
+            .field("kind", &self.kind)
             .field("url", &ServiceUrl::new(self.url.as_str()))
             .field("method", &self.method)
+            .field("subject", &self.subject)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("timeout", &self.timeout)
             .field("max_attempts", &self.max_attempts)
@@ -170,9 +209,6 @@ fn redacted_values<S: serde::Serializer>(headers: &BTreeMap<String, String>, s: 
     s.collect_map(headers.keys().map(|name| (name, "[redacted]")))
 }
 
-fn default_post() -> String {
-    "POST".into()
-}
 fn default_destination_timeout() -> ConfigDuration {
     secs(5)
 }

@@ -135,9 +135,19 @@ fn destination_secrets(destination: &DestinationConfig) -> Vec<String> {
 /// `password=` or `sentinel_password=` in its query.
 fn url_secrets(url: &str) -> Vec<String> {
     let mut secrets = Vec::new();
-    if let Some((_, Some(password))) = userinfo(url) {
-        secrets.push(password.to_string());
-        secrets.push(decoded(password));
+    match userinfo(url) {
+        Some((_, Some(password))) => {
+            secrets.push(password.to_string());
+            secrets.push(decoded(password));
+        }
+        // A NATS URL's lone user name is a token.
+        Some((token, None))
+            if url.split_once("://").is_some_and(|(scheme, _)| super::secret::is_nats_scheme(scheme)) =>
+        {
+            secrets.push(token.to_string());
+            secrets.push(decoded(token));
+        }
+        _ => {}
     }
     let query = url.split_once('?').map_or("", |(_, query)| query);
     for pair in query.split('&') {

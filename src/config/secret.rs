@@ -96,14 +96,21 @@ impl ServiceUrl {
         let (authority, tail) = rest.split_at(authority_end);
         let tail = redact_query(tail);
         match authority.rsplit_once('@') {
-            // Only a password is a secret: `postgres@host` stays as it is.
+            // Only a password is a secret: `postgres@host` stays as it is,
+            // but a NATS URL's lone user name is a token (`nats://token@host`).
             Some((userinfo, hosts)) => match userinfo.split_once(':') {
                 Some((user, _)) => format!("{scheme}://{user}:[redacted]@{hosts}{tail}"),
+                None if is_nats_scheme(scheme) => format!("{scheme}://[redacted]@{hosts}{tail}"),
                 None => format!("{scheme}://{userinfo}@{hosts}{tail}"),
             },
             None => format!("{scheme}://{authority}{tail}"),
         }
     }
+}
+
+/// Whether `scheme` is a NATS server's, where a URL's lone user name is a token.
+pub(crate) fn is_nats_scheme(scheme: &str) -> bool {
+    matches!(scheme, "nats" | "tls")
 }
 
 /// `path?query` with the value of every password parameter replaced.

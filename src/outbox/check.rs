@@ -15,7 +15,7 @@
 //! accepts the others accept.
 
 use crate::config::{Config, ConfigDuration, DestinationConfig, RelayConfig};
-use crate::outbox::publisher::HttpPublisher;
+use crate::outbox::publisher::Destinations;
 use crate::outbox::retry::RetryPolicy;
 use crate::postgres::Endpoint;
 
@@ -43,7 +43,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, CheckError> {
         None => {}
     }
     if !config.destinations.is_empty() {
-        HttpPublisher::new(&config.destinations)?;
+        Destinations::new(&config.destinations)?;
     }
     for (name, destination) in &config.destinations {
         warnings.extend(window_warning(name, destination, &config.relay));

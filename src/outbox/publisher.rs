@@ -1,54 +1,43 @@
-//! Where messages go: the [`Publisher`] trait and the HTTP publisher.
+//! Where messages go: the [`Publisher`] trait, and [`Destinations`], the
+//! publisher the relay runs — one [`Destination`] per configured name, each
+//! of its kind.
 //!
 //! A publisher makes one delivery attempt and reports its [`Delivery`]; it
 //! never retries by itself and never touches the database. The relay turns
-//! the attempt into a completion, a scheduled retry or a dead row. Other
-//! sinks (a queue, a webhook signer) implement the same trait.
+//! the attempt into a completion, a scheduled retry or a dead row.
 //!
-//! [`HttpPublisher`] sends each destination's configured method, URL and
-//! headers, the message's own headers, `Content-Type: application/json`
-//! (unless set), the payload as the body, and always
-//! `Idempotency-Key: <derived key>` (set last, so nothing overrides it);
-//! [`target`] says what makes up a request and which headers are refused.
-//! It reuses the gateway's pooled hyper + rustls client.
+//! **Kinds.** Each kind of destination is one file implementing
+//! [`Destination`] and one arm in [`Destinations::new`]: [`http`] (a
+//! request carrying `Idempotency-Key: <derived key>`) and [`nats`] (a
+//! JetStream publish carrying `Nats-Msg-Id: <derived key>`). Every kind
+//! calls a message delivered only once the far side has confirmed it (a
+//! `2xx` response head, the stream's acknowledgement); anything else is a
+//! failure, classed as worth a retry or not. A relay mixes kinds freely:
+//! each destination has a lane of its own, so a slow broker holds up no
+//! HTTP destination and no other broker. The fields of one kind set on a
+//! destination of another are refused by name, here, where `relay`,
+//! `serve --relay` and `check-config` all build their destinations.
 //!
-//! **The status decides.** A `2xx` response head means the destination
-//! acted, so the attempt is [`Delivery::Delivered`] even when its body then
-//! breaks off or stalls past the timeout: counting it as a failure would
-//! publish the effect again (to a destination that may not deduplicate)
-//! and finally bury a row whose effect happened. Likewise a `422` stays a
-//! rejection whatever its body does. Only an exchange that ends before a
-//! response head — refused, reset, timed out — is a transport failure
-//! (retried under the same key).
-//!
-//! The destination timeout bounds the whole exchange, response body
-//! included. A success's body is drained (so its connection can be
-//! reused) and dropped; at most [`MAX_ERROR_BODY`] bytes of a failure's
-//! body are kept for `last_error` and the log, and, like every other text
-//! that reaches either, they are [`printable`]: a destination cannot
-//! forge a log line. Every failure reason is scrubbed of the config's
-//! secrets ([`Scrubber`]) where it is formed, before it reaches either: a
-//! destination that echoes the headers it was sent (its own token among
-//! them) does not make the relay store or print that token.
+//! **One place for failure reasons.** A kind reports its reason as it saw
+//! it; [`Destinations`] scrubs it of every configured secret ([`Scrubber`])
+//! and makes it [`printable`], once: `last_error`, the admin API and the
+//! log line all show that text, and a destination that echoes its own
+//! token does not make the relay store or print it.
 
+pub mod http;
+pub mod nats;
 pub mod target;
+mod template;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use http::HeaderValue;
-use http::header::{DATE, RETRY_AFTER};
-use http_body_util::BodyExt;
-use tokio::time::Instant;
-
 use super::claim::Claimed;
-use super::retry::{Class, classify_status, parse_retry_after};
-use crate::config::DEFAULT_MAX_CONNECTIONS;
-use crate::config::{DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig, Scrubber};
+use super::retry::Class;
+use crate::config::{DestinationConfig, DestinationKind, Scrubber};
 use crate::escape::printable;
-use crate::http::client::{Upstream, UpstreamBody};
 pub use target::Target;
 
 /// Bytes of a failed response's body kept for `last_error`.
@@ -80,7 +69,7 @@ pub trait Publisher: Send + Sync + 'static {
     fn publish(&self, message: &Claimed) -> impl Future<Output = Delivery> + Send;
 }
 
-/// Why an [`HttpPublisher`] could not be built.
+/// Why a destination could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum PublisherError {
     /// A destination's fields do not make a request, or its `ca_file`
@@ -94,36 +83,38 @@ pub enum PublisherError {
     },
 }
 
-struct HttpDestination {
-    target: Target,
-    timeout: Duration,
-    client: Upstream,
+/// One configured destination, of some kind.
+pub trait Destination: Send + Sync + 'static {
+    /// One attempt, bounded by the destination's `timeout`. A failure's
+    /// reason may hold whatever the far side said: [`Destinations`] scrubs
+    /// it; `scrubber` is for a kind that must cut such text short.
+    fn publish<'a>(
+        &'a self,
+        message: &'a Claimed,
+        scrubber: &'a Scrubber,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
 }
 
-/// Publishes to HTTP destinations configured by name.
-pub struct HttpPublisher {
-    destinations: HashMap<String, HttpDestination>,
+/// The relay's publisher: every configured destination by name.
+pub struct Destinations {
+    destinations: HashMap<String, Box<dyn Destination>>,
     scrubber: Scrubber,
 }
 
-impl HttpPublisher {
-    /// Builds one pooled client per destination. Everything a destination
-    /// can get wrong fails here, before any row is claimed: `check-config`
-    /// builds the same publisher.
+impl Destinations {
+    /// Builds every destination of `configs`, each by its kind. Everything
+    /// a destination can get wrong fails here, before any row is claimed:
+    /// `check-config` builds the same. Connects to nothing yet.
     pub fn new(configs: &BTreeMap<String, DestinationConfig>) -> Result<Self, PublisherError> {
         let mut destinations = HashMap::new();
         for (name, config) in configs {
             let invalid = |reason: String| PublisherError::Invalid { name: name.clone(), reason };
-            let target = Target::from_config(config).map_err(invalid)?;
-            // The URI has no user info left, so neither has any error naming it.
-            let client = Upstream::new(
-                &target.uri,
-                config.ca_file.as_deref(),
-                DEFAULT_MAX_CONNECTIONS,
-                DEFAULT_POOL_IDLE_TIMEOUT,
-            )
-            .map_err(|e| invalid(format!("ca_file: {e}")))?;
-            destinations.insert(name.clone(), HttpDestination { target, timeout: config.timeout.0, client });
+            refuse_other_kinds_fields(config).map_err(invalid)?;
+            let destination: Box<dyn Destination> = match config.kind {
+                DestinationKind::Http => Box::new(http::HttpDestination::new(config).map_err(invalid)?),
+                DestinationKind::Nats => Box::new(nats::NatsDestination::new(config).map_err(invalid)?),
+            };
+            destinations.insert(name.clone(), destination);
         }
         Ok(Self { destinations, scrubber: Scrubber::of_destinations(configs.values()) })
     }
@@ -144,70 +135,91 @@ impl HttpPublisher {
     }
 }
 
-impl Publisher for HttpPublisher {
+impl Publisher for Destinations {
     async fn publish(&self, message: &Claimed) -> Delivery {
         let Some(destination) = self.destinations.get(&message.destination) else {
             let reason = format!("no destination named {:?} is configured", message.destination);
             return self.failed(Class::Reject, None, &reason);
         };
-        let request = match destination.target.request(message) {
-            Ok(request) => request,
-            Err(reason) => return self.failed(Class::Reject, None, &reason),
-        };
-        let deadline = Instant::now() + destination.timeout;
-        let sent = tokio::time::timeout_at(deadline, destination.client.send(request, destination.timeout)).await;
-        let response = match sent {
-            Err(_) => {
-                let reason = format!("no response within {:?}", destination.timeout);
-                return self.failed(Class::Retry, None, &reason);
-            }
-            Ok(Err(e)) => return self.failed(Class::Retry, None, &e.to_string()),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status().as_u16();
-        let header = |name| response.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-        let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(v, header(DATE)));
-        let class = classify_status(status);
-        let keep = if class == Class::Delivered { 0 } else { MAX_ERROR_BODY };
-        let (kept, ending) = read_body(response.into_body(), keep, deadline).await;
-        if class == Class::Delivered {
-            if let Some(ending) = ending {
-                tracing::debug!(destination = %message.destination, trace_id = message.trace_id(), status, ending, "delivered: the body of a 2xx broke off");
-            }
-            return Delivery::Delivered;
+        match destination.publish(message, &self.scrubber).await {
+            Delivery::Failed { class, retry_after, reason } => self.failed(class, retry_after, &reason),
+            delivered => delivered,
         }
-        // A secret the cut went through would escape the scrubbing whole.
-        let kept = if kept.len() >= MAX_ERROR_BODY { self.scrubber.trim_cut(&kept) } else { &kept[..] };
-        let mut reason = format!("HTTP {status}: {}", String::from_utf8_lossy(kept));
-        if let Some(ending) = ending {
-            reason.push_str(&format!(" ({ending})"));
-        }
-        self.failed(class, retry_after, &reason)
     }
 }
 
-/// Reads a response body until its end, keeping its first `keep` bytes; a
-/// body with more is not read further (its connection then closes). The
-/// second value says how the body ended, if not with its last byte.
-async fn read_body(mut body: UpstreamBody, keep: usize, deadline: Instant) -> (BytesMut, Option<String>) {
-    let mut kept = BytesMut::new();
-    let ending = tokio::time::timeout_at(deadline, async {
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("the body broke off: {e}"))?;
-            if let Ok(data) = frame.into_data() {
-                let room = keep.saturating_sub(kept.len());
-                kept.extend_from_slice(&data[..data.len().min(room)]);
-                if keep > 0 && data.len() >= room {
-                    return Ok(());
-                }
-            }
+/// Refuses a field that belongs to another kind of destination: set by
+/// mistake, it would otherwise be ignored without a word.
+fn refuse_other_kinds_fields(config: &DestinationConfig) -> Result<(), String> {
+    let fields = [
+        ("method", config.method.is_some(), DestinationKind::Http),
+        ("subject", config.subject.is_some(), DestinationKind::Nats),
+    ];
+    for (field, set, kind) in fields {
+        if set && config.kind != kind {
+            return Err(format!(
+                "{field} is a field of kind = \"{}\" destinations, and this one is kind = \"{}\"",
+                kind.as_str(),
+                config.kind.as_str()
+            ));
         }
-        Ok::<_, String>(())
-    })
-    .await;
-    match ending {
-        Ok(Ok(())) => (kept, None),
-        Ok(Err(broken)) => (kept, Some(broken)),
-        Err(_) => (kept, Some("the body did not end within the timeout".into())),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServiceUrl;
+
+    fn build(config: DestinationConfig) -> Result<Destinations, String> {
+        Destinations::new(&BTreeMap::from([("d".to_string(), config)])).map_err(|e| e.to_string())
+    }
+
+    fn nats(url: &str, subject: Option<&str>) -> DestinationConfig {
+        let mut config = DestinationConfig::new(url);
+        config.kind = DestinationKind::Nats;
+        config.subject = subject.map(str::to_owned);
+        config
+    }
+
+    #[test]
+    fn each_kind_refuses_the_fields_of_another_and_names_them() {
+        assert!(build(nats("nats://127.0.0.1:4222", Some("orders.{operation}"))).is_ok());
+        let mut http = DestinationConfig::new("http://127.0.0.1:9/");
+        http.subject = Some("orders".into());
+        let error = build(http).err().unwrap();
+        assert!(error.contains("destinations.d: subject is a field of kind = \"nats\""), "{error}");
+        let mut with_method = nats("nats://127.0.0.1:4222", Some("orders"));
+        with_method.method = Some("PUT".into());
+        let error = build(with_method).err().unwrap();
+        assert!(error.contains("method is a field of kind = \"http\""), "{error}");
+    }
+
+    #[test]
+    fn a_nats_destination_needs_a_nats_url_and_a_subject_that_can_be_published_to() {
+        for (config, says) in [
+            (nats("http://127.0.0.1:4222", Some("orders")), "must be a nats:// or tls:// URL"),
+            (nats("nats://127.0.0.1:4222", None), "needs a subject"),
+            (nats("nats://127.0.0.1:4222", Some("orders.>")), "wildcards"),
+            (nats("nats://127.0.0.1:4222", Some("orders..{operation}")), "empty token"),
+            (nats("nats://127.0.0.1:4222", Some("orders.{tenant}")), "{tenant}"),
+        ] {
+            let error = build(config).err().unwrap();
+            assert!(error.contains(says), "{says}: {error}");
+        }
+        let mut with_header = nats("nats://127.0.0.1:4222", Some("orders"));
+        with_header.headers.insert("Nats-Expected-Stream".into(), "x".into());
+        assert!(build(with_header).err().unwrap().contains("JetStream's instructions"));
+    }
+
+    #[test]
+    fn a_nats_token_in_the_url_is_redacted_like_a_password() {
+        let config = nats("nats://s3cr3t-token@127.0.0.1:4222", Some("orders"));
+        assert_eq!(ServiceUrl::new(config.url.as_str()).redacted(), "nats://[redacted]@127.0.0.1:4222");
+        let printed = format!("{} {config:?}", toml::to_string(&config).unwrap());
+        assert!(!printed.contains("s3cr3t-token"), "{printed}");
+        let scrubbed = Scrubber::of_destinations([&config]).scrub("auth failed for s3cr3t-token");
+        assert!(!scrubbed.contains("s3cr3t-token"), "{scrubbed}");
     }
 }

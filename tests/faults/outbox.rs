@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use idemgate::config::{ConfigDuration, DestinationConfig};
-use idemgate::outbox::publisher::HttpPublisher;
+use idemgate::outbox::publisher::Destinations;
 use idemgate::outbox::relay::Relay;
 use idemgate::outbox::{claim, dead};
 use idemgate::postgres::{Schema, migrate};
@@ -68,7 +68,7 @@ max_attempts = 1000
 }
 
 /// Runs each relay with LISTEN on `url` until `stop`.
-fn spawn_relays(relays: Vec<Relay<HttpPublisher>>, url: &str, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
+fn spawn_relays(relays: Vec<Relay<Destinations>>, url: &str, stop: &CancellationToken) -> Vec<JoinHandle<()>> {
     relays
         .into_iter()
         .map(|relay| {
@@ -237,7 +237,7 @@ async fn a_destination_answering_503_for_a_long_stretch_loses_no_row_and_applies
     ]);
     let policies: BTreeMap<_, _> = destinations.iter().map(|(n, d)| (n.clone(), RetryPolicy::from(d))).collect();
     let relay = || {
-        let publisher = HttpPublisher::new(&destinations).unwrap();
+        let publisher = Destinations::new(&destinations).unwrap();
         Relay::new(fx.schema.database(4), publisher, policies.clone(), settings(LEASE))
     };
     let workload = Workload::new(seed, &["patient", "brittle"], 20, 8, 80, 4);

@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::metrics::Metrics;
 use idemgate::outbox::claim::{self, Limits};
-use idemgate::outbox::publisher::HttpPublisher;
+use idemgate::outbox::publisher::Destinations;
 use idemgate::outbox::relay::Relay;
 use serde_json::json;
 use support::http_server::HttpServer;
@@ -115,11 +115,11 @@ fn relay(
     gate: &Gate,
     max_in_flight: u32,
     metrics: &Arc<Metrics>,
-) -> Relay<HttpPublisher> {
+) -> Relay<Destinations> {
     let destinations =
         BTreeMap::from([("fast".to_string(), destination(sink.url())), ("slow".to_string(), destination(gate.url()))]);
     let policies = destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
-    let publisher = HttpPublisher::new(&destinations).unwrap();
+    let publisher = Destinations::new(&destinations).unwrap();
     let settings = idemgate::outbox::relay::Settings { max_in_flight, ..settings(LEASE) };
     Relay::new(schema.database(4), publisher, policies, settings).with_metrics(metrics.clone())
 }
@@ -282,7 +282,7 @@ async fn a_relay_without_destinations_keeps_its_housekeeping_until_stopped() {
     let fx = support::outbox::Fixture::start().await;
     fx.enqueue("orphaned", json!({}), None).await;
     assert_eq!(fx.claim(Duration::from_millis(200)).await.len(), 1, "a crashed relay's claim");
-    let none = HttpPublisher::new(&BTreeMap::new()).unwrap();
+    let none = Destinations::new(&BTreeMap::new()).unwrap();
     let relay = Relay::new(fx.schema.database(2), none, BTreeMap::new(), settings(LEASE));
     let stop = CancellationToken::new();
     let running = tokio::spawn(relay.run(None, stop.clone()));

@@ -47,6 +47,8 @@
 //! - [`roles`]: a service role that can only enqueue and a relay role that
 //!   owns nothing are enough;
 //! - [`memory`]: the relay binary's memory stays bounded by bytes;
+//! - [`nats`]: `kind = "nats"` destinations — once per derived key in a
+//!   JetStream stream, in order per key, through a broker restart;
 //! - [`postgres_tls`]: the relay and the store over TLS to PostgreSQL;
 //! - [`pgbouncer`]: behind PgBouncer in transaction mode (opt-in).
 
@@ -58,6 +60,7 @@ mod inspection;
 mod lanes;
 mod leases_and_fences;
 mod memory;
+mod nats;
 mod once_per_key;
 mod ordering;
 mod pgbouncer;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::outbox::OutboxError;
 use idemgate::outbox::claim::{ClaimFence, Claimed};
-use idemgate::outbox::publisher::{Delivery, HttpPublisher, Publisher};
+use idemgate::outbox::publisher::{Delivery, Destinations, Publisher};
 use idemgate::outbox::retry::Class;
 use serde_json::json;
 use support::outbox::Fixture;
@@ -220,7 +220,7 @@ async fn the_publisher_refuses_a_framing_header_before_opening_a_connection() {
     let destination = RawDestination::start(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Then::Close).await;
     let mut config = DestinationConfig::new(destination.url());
     config.timeout = ConfigDuration(Duration::from_secs(2));
-    let publisher = HttpPublisher::new(&BTreeMap::from([("sink".to_string(), config)])).unwrap();
+    let publisher = Destinations::new(&BTreeMap::from([("sink".to_string(), config)])).unwrap();
     let attempt = publisher.publish(&claimed("sink", &[("Content-Length", "5")])).await;
     let Delivery::Failed { class, reason, .. } = attempt else { panic!("published: {attempt:?}") };
     assert_eq!(class, Class::Reject);

@@ -8,6 +8,7 @@ pub mod failover_load;
 pub mod gateway;
 pub mod http_server;
 pub mod jwt;
+pub mod nats;
 pub mod outbox;
 pub mod outbox_check;
 pub mod pgbouncer;

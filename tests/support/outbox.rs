@@ -7,7 +7,7 @@ use std::time::Duration;
 use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::outbox::claim;
 use idemgate::outbox::enqueue::{Message, enqueue_in};
-use idemgate::outbox::publisher::HttpPublisher;
+use idemgate::outbox::publisher::Destinations;
 use idemgate::outbox::relay::{Outcome, Relay, Settings};
 use idemgate::outbox::retry::RetryPolicy;
 use idemgate::postgres::Database;
@@ -51,8 +51,8 @@ impl Fixture {
         Self { schema, db, sink, destination }
     }
 
-    pub fn publisher(&self) -> HttpPublisher {
-        HttpPublisher::new(&BTreeMap::from([(DESTINATION.to_string(), self.destination.clone())])).unwrap()
+    pub fn publisher(&self) -> Destinations {
+        Destinations::new(&BTreeMap::from([(DESTINATION.to_string(), self.destination.clone())])).unwrap()
     }
 
     pub fn policies(&self) -> BTreeMap<String, RetryPolicy> {
@@ -60,7 +60,7 @@ impl Fixture {
     }
 
     /// A relay with its own pool.
-    pub fn relay(&self, lease: Duration) -> Relay<HttpPublisher> {
+    pub fn relay(&self, lease: Duration) -> Relay<Destinations> {
         Relay::new(self.schema.database(4), self.publisher(), self.policies(), settings(lease))
     }
 
@@ -81,7 +81,7 @@ impl Fixture {
     }
 
     /// Runs steps until one claims nothing and no row is backing off; bounded.
-    pub async fn drain(&self, relay: &Relay<HttpPublisher>) -> Outcome {
+    pub async fn drain(&self, relay: &Relay<Destinations>) -> Outcome {
         let mut total = Outcome::default();
         for _ in 0..200 {
             let outcome = relay.try_execute_batch().await.expect("step");

@@ -138,3 +138,23 @@ pub fn redis_url() -> String {
     };
     URL.get_or_init(|| service.url()).clone()
 }
+
+/// The suite's NATS with JetStream: `NATS_URL`, else the one on
+/// 127.0.0.1:4222, else a private one for this test process.
+pub fn nats_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    let service = Service {
+        name: "NATS",
+        variable: "NATS_URL",
+        default_url: "nats://127.0.0.1:4222",
+        default_port: 4222,
+        start: "start it with JetStream (`nats-server -js`), or unset NATS_URL to let each test process start a private one",
+        start_private: || {
+            let server = super::nats::NatsProcess::start();
+            let url = server.url();
+            server.keep_until_this_process_exits();
+            url
+        },
+    };
+    URL.get_or_init(|| service.url()).clone()
+}

@@ -57,8 +57,8 @@ impl Target {
             return Err(format!("url {:?} must be an http:// or https:// URL with a host", shown()));
         }
         let (uri, credentials) = split_credentials(uri).map_err(|e| format!("url {:?}: {e}", shown()))?;
-        let method = Method::from_bytes(config.method.as_bytes())
-            .map_err(|_| format!("{:?} is not an HTTP method", config.method))?;
+        let method = config.method.as_deref().unwrap_or("POST");
+        let method = Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method:?} is not an HTTP method"))?;
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             let header =

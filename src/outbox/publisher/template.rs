@@ -1,0 +1,160 @@
+//! Names made from a message: a NATS subject such as
+//! `orders.{operation}.{business_key}` is a [`Template`] over the
+//! message's `{destination}`, `{operation}`, `{business_key}` and
+//! `{ordering_key}`.
+//!
+//! A template is parsed once, when its destination is built (an unknown
+//! placeholder or a stray brace is a config error), and rendered for each
+//! message, where each value is checked by the destination's own rule (a
+//! subject token may not hold a `.`, a wildcard or a space): a message
+//! whose names cannot make a valid name is refused, never published under
+//! a name it did not ask for.
+
+use super::super::claim::Claimed;
+
+/// A parsed template.
+#[derive(Debug, Clone)]
+pub(super) struct Template {
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Text(String),
+    Field(Field),
+}
+
+/// A name of the message that a template can use.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Destination,
+    Operation,
+    BusinessKey,
+    OrderingKey,
+}
+
+impl Field {
+    const ALL: [(&'static str, Field); 4] = [
+        ("destination", Field::Destination),
+        ("operation", Field::Operation),
+        ("business_key", Field::BusinessKey),
+        ("ordering_key", Field::OrderingKey),
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Destination => "destination",
+            Self::Operation => "operation",
+            Self::BusinessKey => "business_key",
+            Self::OrderingKey => "ordering_key",
+        }
+    }
+
+    fn of(self, message: &Claimed) -> Option<&str> {
+        match self {
+            Self::Destination => Some(&message.destination),
+            Self::Operation => Some(&message.operation),
+            Self::BusinessKey => Some(&message.business_key),
+            Self::OrderingKey => message.ordering_key.as_deref(),
+        }
+    }
+}
+
+impl Template {
+    /// Parses `text`; the error says what is wrong and where.
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            match rest.find(['{', '}']) {
+                None => {
+                    parts.push(Part::Text(rest.to_owned()));
+                    break;
+                }
+                Some(at) if rest.as_bytes()[at] == b'}' => {
+                    return Err(format!("{text:?} has a '}}' without its '{{'"));
+                }
+                Some(at) => {
+                    if at > 0 {
+                        parts.push(Part::Text(rest[..at].to_owned()));
+                    }
+                    let close = rest[at..].find('}').ok_or_else(|| format!("{text:?} has a '{{' without its '}}'"))?;
+                    let name = &rest[at + 1..at + close];
+                    let field = Field::ALL.iter().find(|(known, _)| *known == name).map(|(_, field)| *field);
+                    let field = field.ok_or_else(|| {
+                        format!(
+                            "{text:?} names {{{name}}}: a template may use {{destination}}, {{operation}}, {{business_key}} and {{ordering_key}}"
+                        )
+                    })?;
+                    parts.push(Part::Field(field));
+                    rest = &rest[at + close + 1..];
+                }
+            }
+        }
+        if parts.is_empty() {
+            return Err("the template is empty".into());
+        }
+        Ok(Self { parts })
+    }
+
+    /// The text with `sample` in place of every placeholder: what the
+    /// fixed parts look like, for checking them at start.
+    pub(super) fn sample(&self, sample: &str) -> String {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => text.as_str(),
+                Part::Field(_) => sample,
+            })
+            .collect()
+    }
+
+    /// The name for `message`; each value must pass `allowed` (which says
+    /// why not). A message without an ordering key cannot fill
+    /// `{ordering_key}`.
+    pub(super) fn render(
+        &self,
+        message: &Claimed,
+        allowed: impl Fn(&str) -> Result<(), String>,
+    ) -> Result<String, String> {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => out.push_str(text),
+                Part::Field(field) => {
+                    let value = field.of(message).ok_or_else(|| {
+                        format!("the message has no {} for {{{}}} in the template", field.name(), field.name())
+                    })?;
+                    allowed(value).map_err(|why| {
+                        let shown: String = value.chars().take(64).collect();
+                        format!("its {} {shown:?} cannot fill {{{}}}: {why}", field.name(), field.name())
+                    })?;
+                    out.push_str(value);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_and_text_are_parsed_and_mistakes_are_named() {
+        let template = Template::parse("orders.{operation}.{business_key}").unwrap();
+        assert_eq!(template.sample("x"), "orders.x.x");
+        assert_eq!(Template::parse("plain").unwrap().sample("x"), "plain");
+        for (text, says) in [
+            ("orders.{operaton}", "{operaton}"),
+            ("orders.{operation", "without its '}'"),
+            ("orders.}", "without its '{'"),
+            ("", "empty"),
+            ("{}", "names {}"),
+        ] {
+            let error = Template::parse(text).unwrap_err();
+            assert!(error.contains(says), "{text:?}: {error}");
+        }
+    }
+}
