@@ -204,18 +204,18 @@ mod tests {
         assert!(printed.contains("curl -s http://127.0.0.1:9090/admin/keys/order-1001\n"), "{printed}");
     }
 
-    /// The README's Quickstart shows, verbatim, what `demo` prints with
-    /// the default addresses, with and without an admin token.
+    /// docs/demo.md shows, verbatim, what `demo` prints with the default
+    /// addresses, with and without an admin token.
     #[test]
-    fn the_readme_quickstart_shows_what_demo_prints() {
-        let readme = include_str!("../README.md");
+    fn the_demo_page_shows_what_demo_prints() {
+        let page = include_str!("../docs/demo.md");
         let gateway: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let admin: SocketAddr = "127.0.0.1:9090".parse().unwrap();
         let mut with_token = config(&[]);
         with_token.admin.token = Some(Secret::new("0123456789abcdef"));
         let printed = instructions(gateway, admin, &with_token);
-        assert!(readme.contains(&printed), "README.md does not show, verbatim:\n{printed}");
+        assert!(page.contains(&printed), "docs/demo.md does not show, verbatim:\n{printed}");
         let off = admin_step(admin, &config(&[]));
-        assert!(readme.contains(&off), "README.md does not show, verbatim:\n{off}");
+        assert!(page.contains(&off), "docs/demo.md does not show, verbatim:\n{off}");
     }
 }

@@ -26,7 +26,7 @@ const ENVIRONMENT: &str = "Every setting of the config file can also be set in t
 IDEMGATE__SECTION__FIELD, for example IDEMGATE__GATEWAY__LEASE=10s, IDEMGATE__ADMIN__TOKEN=<16+ characters> \
 or IDEMGATE__STORE=redis://127.0.0.1:6379/0. Flags win over the environment, which wins over the file. \
 Store URLs: memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, \
-rediss+sentinel://, postgres://. Every Redis form takes ?wait_replicas=N (see README, Stores).";
+rediss+sentinel://, postgres://. Every Redis form takes ?wait_replicas=N (see docs/stores.md).";
 
 #[derive(Subcommand)]
 enum Command {

@@ -328,11 +328,11 @@ mod tests {
         assert!(printed.contains("authorization") && !printed.contains("s3cret"), "{printed}");
     }
 
-    /// The relay reference in the README must stay loadable.
+    /// The relay example in docs/outbox.md must stay loadable.
     #[test]
-    fn the_readme_relay_reference_loads() {
-        let readme = include_str!("../../README.md");
-        let section = &readme[readme.find("## The outbox relay").expect("an outbox section")..];
+    fn the_outbox_page_relay_example_loads() {
+        let page = include_str!("../../docs/outbox.md");
+        let section = &page[page.find("## Run the relay").expect("a Run the relay section")..];
         let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
         let block = &section[start..start + section[start..].find("```").expect("closed block")];
         let config: crate::config::Config = toml::from_str(block).unwrap();

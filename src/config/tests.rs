@@ -146,18 +146,6 @@ fn a_password_in_the_query_is_redacted_too() {
     assert_eq!(url.redacted(), "postgres://postgres@127.0.0.1:5432/test");
 }
 
-/// The configuration reference in the README must stay loadable.
-#[test]
-fn the_readme_configuration_reference_loads() {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Configuration").expect("a Configuration section")..];
-    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
-    let block = &section[start..start + section[start..].find("```").expect("closed block")];
-    let config = load(block, &[], &Overrides::default()).unwrap();
-    assert_eq!(config.routes[0].name, "payments");
-    assert_eq!(config.gateway.release_statuses, crate::idempotency::StatusPolicy::default().release);
-}
-
 #[test]
 fn an_upstream_with_credentials_is_refused_and_never_printed() {
     let flags = Overrides { upstream: Some("http://alice:s3cret@127.0.0.1:9000".into()), ..Overrides::default() };
@@ -188,4 +176,169 @@ fn errors_name_the_field_and_what_was_expected_but_not_the_value_found() {
         assert!(err.contains(expected), "{err}");
         assert!(!err.contains("hunter2") && !err.contains("-5"), "{err}");
     }
+}
+
+/// `docs/configuration.md`, the configuration reference.
+const REFERENCE: &str = include_str!("../../docs/configuration.md");
+
+/// The `toml` blocks of a Markdown page, in order.
+fn toml_blocks(page: &str) -> Vec<&str> {
+    page.split("```toml\n").skip(1).map(|rest| &rest[..rest.find("```").expect("a closed toml block")]).collect()
+}
+
+/// The field names a derived `Deserialize` accepts, as serde lists them
+/// for its own error messages: the deserializer below is asked for a
+/// struct, records the names it is given and stops there. This is the
+/// list `deny_unknown_fields` checks against, so it cannot drift from
+/// what the loader takes.
+fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    match T::deserialize(FieldNames) {
+        Err(FieldNamesError::Fields(fields)) => fields,
+        Err(FieldNamesError::Other(why)) => panic!("{} is not read as a struct: {why}", std::any::type_name::<T>()),
+        Ok(_) => unreachable!("FieldNames never yields a value"),
+    }
+}
+
+struct FieldNames;
+
+#[derive(Debug)]
+enum FieldNamesError {
+    Fields(&'static [&'static str]),
+    Other(String),
+}
+
+impl std::fmt::Display for FieldNamesError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for FieldNamesError {}
+
+impl serde::de::Error for FieldNamesError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        Self::Other(message.to_string())
+    }
+}
+
+impl<'de> serde::Deserializer<'de> for FieldNames {
+    type Error = FieldNamesError;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(FieldNamesError::Other("not a struct".into()))
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        Err(FieldNamesError::Fields(fields))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+/// Every table of the config file, by its path (`[]` an element of an
+/// array of tables, `*` any key of a map), and the fields its type takes.
+/// A table the reference shows that is not listed here fails the test, so
+/// a new section or table-valued field cannot go unchecked.
+fn tables() -> Vec<(&'static str, &'static [&'static str])> {
+    vec![
+        ("", fields_of::<Config>()),
+        ("tls", fields_of::<TlsConfig>()),
+        ("log", fields_of::<LogConfig>()),
+        ("gateway", fields_of::<GatewayConfig>()),
+        ("gateway.tenant", fields_of::<TenantConfig>()),
+        ("routes[]", fields_of::<RouteConfig>()),
+        ("admin", fields_of::<AdminConfig>()),
+        ("store_encryption", fields_of::<StoreEncryptionConfig>()),
+        ("relay", fields_of::<RelayConfig>()),
+        ("destinations.*", fields_of::<DestinationConfig>()),
+    ]
+}
+
+/// Tables whose keys are names the user picks, not fields.
+const MAPS: &[(&str, &str)] = &[("destinations", "destinations.*"), ("destinations.*.headers", "")];
+
+/// Collects `table.field` for every field written in `value`, the table at `path`.
+fn written_fields(path: &str, value: &toml::Value, known: &[(&str, &[&str])], written: &mut Vec<String>) {
+    let Some(table) = value.as_table() else { return };
+    if let Some((_, entries)) = MAPS.iter().find(|(map, _)| *map == path) {
+        if !entries.is_empty() {
+            table.values().for_each(|entry| written_fields(entries, entry, known, written));
+        }
+        return;
+    }
+    assert!(known.iter().any(|(p, _)| *p == path), "the reference shows a table at `{path}`: add its type to tables()");
+    for (name, value) in table {
+        let field = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+        written.push(field.clone());
+        match value {
+            toml::Value::Array(items) if items.iter().all(toml::Value::is_table) && !items.is_empty() => {
+                items.iter().for_each(|item| written_fields(&format!("{field}[]"), item, known, written))
+            }
+            value => written_fields(&field, value, known, written),
+        }
+    }
+}
+
+fn value<T: serde::Serialize>(v: &T) -> toml::Value {
+    toml::Value::try_from(v).unwrap()
+}
+
+/// The reference loads, names every field the loader accepts and no other,
+/// and its first block shows the defaults.
+#[test]
+fn the_configuration_reference_is_complete() {
+    let blocks = toml_blocks(REFERENCE);
+    assert!(blocks.len() >= 3, "docs/configuration.md lost its toml blocks");
+    let known = tables();
+    let mut written = Vec::new();
+    for block in &blocks {
+        // The real loader: file, schema (deny_unknown_fields), validation.
+        load(block, &[], &Overrides::default()).unwrap_or_else(|e| panic!("{e}\nin this block:\n{block}"));
+        written_fields("", &toml::Value::Table(block.parse().unwrap()), &known, &mut written);
+    }
+    let mut missing = Vec::new();
+    for (path, fields) in &known {
+        for field in *fields {
+            let full = if path.is_empty() { field.to_string() } else { format!("{path}.{field}") };
+            if !written.contains(&full) {
+                missing.push(full);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/configuration.md does not show these fields: {missing:?}");
+
+    // The first block: every field at its default (routes and destinations
+    // have none; theirs are compared with one made of their required fields).
+    let shown = load(blocks[0], &[], &Overrides::default()).unwrap();
+    let defaults = Config::default();
+    for (name, shown, default) in [
+        ("listen", value(&shown.listen), value(&defaults.listen)),
+        ("admin_listen", value(&shown.admin_listen), value(&defaults.admin_listen)),
+        ("store", value(&shown.store), value(&defaults.store)),
+        ("log", value(&shown.log), value(&defaults.log)),
+        ("gateway", value(&shown.gateway), value(&defaults.gateway)),
+        ("admin", value(&shown.admin), value(&defaults.admin)),
+        ("relay", value(&shown.relay), value(&defaults.relay)),
+    ] {
+        assert_eq!(shown, default, "docs/configuration.md: [{name}] in the first block is not the default");
+    }
+    let route = &shown.routes[0];
+    let minimal: Config =
+        toml::from_str(&format!("[[routes]]\nname = {:?}\nupstream = {:?}\n", route.name, route.upstream)).unwrap();
+    assert_eq!(value(route), value(&minimal.routes[0]), "docs/configuration.md: the route is not at its defaults");
+    let (name, destination) = shown.destinations.iter().next().expect("a destination");
+    assert_eq!(
+        value(destination),
+        value(&DestinationConfig::new(destination.url.clone())),
+        "docs/configuration.md: destinations.{name} is not at its defaults"
+    );
 }

@@ -14,7 +14,7 @@
 //!   and drops history partitions with the owner's rights. It may not
 //!   insert into the outbox, nor touch the ordering sequences.
 //!
-//! [`statements`] is the exact list for a role, pure, so the README, the
+//! [`statements`] is the exact list for a role, pure, so docs/outbox.md, the
 //! `migrate --grant-…` flags and the tests share one truth; [`grant`] runs
 //! them in one transaction, under the migrations' advisory lock. The roles themselves (login, password) are the
 //! DBA's: `grant` refuses a role that does not exist rather than create one.
@@ -170,11 +170,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_states_exactly_these_statements() {
-        let readme = include_str!("../../README.md");
+    fn the_outbox_page_states_exactly_these_statements() {
+        let page = include_str!("../../docs/outbox.md");
         for (duty, role) in [(Duty::Service, "shop"), (Duty::Relay, "relay")] {
             for statement in statements(&Schema::default(), duty, &Role::new(role).unwrap()) {
-                assert!(readme.contains(&format!("{statement};\n")), "README lacks {statement}");
+                assert!(page.contains(&format!("{statement};\n")), "docs/outbox.md lacks {statement}");
             }
         }
     }

@@ -155,7 +155,7 @@ try {
   await page.waitForSelector("#dead li");
   expect((await page.textContent("#dead-range")).includes("of 1"), "sink's one dead row under the filter");
   await shoot("outbox");
-  // The README's picture (docs/console.png is a copy): the viewport only, small.
+  // docs/operating.md's picture (docs/console.png): the viewport only, small.
   await page.setViewportSize({ width: 960, height: 620 });
   await page.screenshot({ path: join(SHOTS, "readme.png") });
   await page.setViewportSize(WIDTHS.desktop);

@@ -19,7 +19,7 @@ use support::http_server::HttpServer;
 use support::postgres::TestSchema;
 use support::relay_process::RelayProcess;
 
-/// The documented bound on the relay's peak RSS for this backlog (README, "Run the relay").
+/// The documented bound on the relay's peak RSS for this backlog (docs/outbox.md, "Memory").
 const PEAK_BOUND_MIB: u64 = 128;
 const ROWS: i32 = 200;
 /// Payload text of just under 1 MiB: `{"blob": "xx…x"}`.

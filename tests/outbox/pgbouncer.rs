@@ -1,5 +1,5 @@
-//! The outbox behind PgBouncer in transaction mode (README "Running behind
-//! PgBouncer"). Ignored by default: they need a PgBouncer binary, and the
+//! The outbox behind PgBouncer in transaction mode (docs/outbox.md, "Running
+//! behind PgBouncer"). Ignored by default: they need a PgBouncer binary, and the
 //! relay test one of 1.21 or newer (protocol-level prepared statements,
 //! `max_prepared_statements`, on by default since 1.24):
 //!

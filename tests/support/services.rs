@@ -89,7 +89,7 @@ impl Service {
         {
             panic!(
                 "the test suite needs {} at {address} ({} = {url:?}) and nothing listens there: {}, \
-                 or point {} at one that runs (see README, Development)",
+                 or point {} at one that runs (see docs/development.md)",
                 self.name, self.variable, self.start, self.variable
             );
         }
