@@ -102,6 +102,10 @@ pub enum DestinationKind {
     /// NATS JetStream: the payload as a message on `subject`, the derived
     /// key as `Nats-Msg-Id`, delivered on the stream's acknowledgement.
     Nats,
+    /// RabbitMQ (AMQP 0-9-1): the payload as a persistent message to
+    /// `exchange` with `routing_key`, the derived key as `message_id`,
+    /// delivered on the broker's confirmation.
+    Amqp,
 }
 
 impl DestinationKind {
@@ -110,6 +114,7 @@ impl DestinationKind {
         match self {
             Self::Http => "http",
             Self::Nats => "nats",
+            Self::Amqp => "amqp",
         }
     }
 }
@@ -122,11 +127,12 @@ impl DestinationKind {
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationConfig {
-    /// The publisher that serves it: `http` (the default), `nats`.
+    /// The publisher that serves it: `http` (the default), `nats`, `amqp`.
     #[serde(default)]
     pub kind: DestinationKind,
     /// Where to send: `http://` or `https://` for `http`; `nats://` (or
-    /// `tls://`, TLS required) for `nats`. Credentials in it
+    /// `tls://`, TLS required) for `nats`; `amqp://` or `amqps://` for
+    /// `amqp`. Credentials in it
     /// (`user:password@`) are used (HTTP: `Authorization: Basic`) and
     /// redacted when the config is printed.
     #[serde(serialize_with = "redacted_url")]
@@ -139,6 +145,14 @@ pub struct DestinationConfig {
     /// `{ordering_key}`, e.g. `"orders.{operation}"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// The exchange each message is published to (`amqp` only; `""` is
+    /// the default exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<String>,
+    /// The routing key (`amqp` only): a template over the same names as
+    /// `subject`, e.g. `"orders.{operation}"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_key: Option<String>,
     /// Extra request (or message) headers. Their values are redacted when
     /// the config is printed: they often carry credentials.
     #[serde(default, serialize_with = "redacted_values")]
@@ -172,6 +186,8 @@ impl DestinationConfig {
             url: url.into(),
             method: None,
             subject: None,
+            exchange: None,
+            routing_key: None,
             headers: BTreeMap::new(),
             timeout: default_destination_timeout(),
             max_attempts: default_max_attempts(),
@@ -190,6 +206,8 @@ impl std::fmt::Debug for DestinationConfig {
             .field("url", &ServiceUrl::new(self.url.as_str()))
             .field("method", &self.method)
             .field("subject", &self.subject)
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("timeout", &self.timeout)
             .field("max_attempts", &self.max_attempts)

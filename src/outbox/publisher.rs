@@ -8,10 +8,12 @@
 //!
 //! **Kinds.** Each kind of destination is one file implementing
 //! [`Destination`] and one arm in [`Destinations::new`]: [`http`] (a
-//! request carrying `Idempotency-Key: <derived key>`) and [`nats`] (a
-//! JetStream publish carrying `Nats-Msg-Id: <derived key>`). Every kind
+//! request carrying `Idempotency-Key: <derived key>`), [`nats`] (a
+//! JetStream publish carrying `Nats-Msg-Id: <derived key>`) and [`amqp`]
+//! (a RabbitMQ publish carrying `message_id = <derived key>`). Every kind
 //! calls a message delivered only once the far side has confirmed it (a
-//! `2xx` response head, the stream's acknowledgement); anything else is a
+//! `2xx` response head, the stream's acknowledgement, the broker's
+//! confirmation of a message it did not return); anything else is a
 //! failure, classed as worth a retry or not. A relay mixes kinds freely:
 //! each destination has a lane of its own, so a slow broker holds up no
 //! HTTP destination and no other broker. The fields of one kind set on a
@@ -24,6 +26,7 @@
 //! log line all show that text, and a destination that echoes its own
 //! token does not make the relay store or print it.
 
+pub mod amqp;
 pub mod http;
 pub mod nats;
 pub mod target;
@@ -113,6 +116,7 @@ impl Destinations {
             let destination: Box<dyn Destination> = match config.kind {
                 DestinationKind::Http => Box::new(http::HttpDestination::new(config).map_err(invalid)?),
                 DestinationKind::Nats => Box::new(nats::NatsDestination::new(config).map_err(invalid)?),
+                DestinationKind::Amqp => Box::new(amqp::AmqpDestination::new(config).map_err(invalid)?),
             };
             destinations.insert(name.clone(), destination);
         }
@@ -211,6 +215,34 @@ mod tests {
         let mut with_header = nats("nats://127.0.0.1:4222", Some("orders"));
         with_header.headers.insert("Nats-Expected-Stream".into(), "x".into());
         assert!(build(with_header).err().unwrap().contains("JetStream's instructions"));
+    }
+
+    #[test]
+    fn an_amqp_destination_needs_an_amqp_url_an_exchange_and_a_routing_key() {
+        let amqp = |url: &str, exchange: Option<&str>, routing_key: Option<&str>| {
+            let mut config = DestinationConfig::new(url);
+            config.kind = DestinationKind::Amqp;
+            config.exchange = exchange.map(str::to_owned);
+            config.routing_key = routing_key.map(str::to_owned);
+            config
+        };
+        assert!(build(amqp("amqp://guest:guest@127.0.0.1:5672/%2f", Some(""), Some("orders.{operation}"))).is_ok());
+        let mut with_ca = amqp("amqps://127.0.0.1:5671/%2f", Some("x"), Some("k"));
+        with_ca.ca_file = Some("/etc/ssl/ca.pem".into());
+        let mut with_subject = amqp("amqp://127.0.0.1:5672/%2f", Some("x"), Some("k"));
+        with_subject.subject = Some("orders".into());
+        for (config, says) in [
+            (amqp("nats://127.0.0.1:4222", Some("x"), Some("k")), "must be an amqp:// or amqps:// URL"),
+            (amqp("amqp://127.0.0.1:5672/%2f", None, Some("k")), "needs an exchange"),
+            (amqp("amqp://127.0.0.1:5672/%2f", Some("x"), None), "needs a routing_key"),
+            (amqp("amqp://127.0.0.1:5672/%2f", Some(&"x".repeat(256)), Some("k")), "longer than 255 bytes"),
+            (amqp("amqp://127.0.0.1:5672/%2f", Some("x"), Some("{tenant}")), "{tenant}"),
+            (with_ca, "ca_file is not supported"),
+            (with_subject, "subject is a field of kind = \"nats\""),
+        ] {
+            let error = build(config).err().unwrap();
+            assert!(error.contains(says), "{says}: {error}");
+        }
     }
 
     #[test]

@@ -46,6 +46,9 @@
 //!   attempt at its delivery;
 //! - [`roles`]: a service role that can only enqueue and a relay role that
 //!   owns nothing are enough;
+//! - [`amqp`]: `kind = "amqp"` destinations — once per derived key in a
+//!   RabbitMQ queue, persistent and in order per key; a returned message
+//!   or a missing exchange is no delivery;
 //! - [`memory`]: the relay binary's memory stays bounded by bytes;
 //! - [`nats`]: `kind = "nats"` destinations — once per derived key in a
 //!   JetStream stream, in order per key, through a broker restart;
@@ -55,6 +58,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod amqp;
 mod enqueue;
 mod inspection;
 mod lanes;

@@ -3,19 +3,17 @@
 //! production loop (`Relay::run`) against its own schema, and reads what
 //! the stream holds — the effects, counted at the broker.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use idemgate::config::{ConfigDuration, DestinationConfig, DestinationKind};
 use idemgate::outbox::enqueue::Message;
-use idemgate::outbox::publisher::{Delivery, Destinations, Publisher};
-use idemgate::outbox::relay::Relay;
-use idemgate::outbox::retry::RetryPolicy;
+use idemgate::outbox::publisher::{Delivery, Publisher};
 use tokio_util::sync::CancellationToken;
 
 use crate::support;
 use support::nats::{NatsProcess, create_stream, jetstream, messages, unique_subject};
-use support::outbox::{DESTINATION, Fixture, settings};
+use support::outbox::{DESTINATION, Fixture};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const LEASE: Duration = Duration::from_secs(30);
@@ -29,43 +27,6 @@ fn nats_destination(url: &str, subject: &str) -> DestinationConfig {
     destination.backoff_base = ConfigDuration(Duration::from_millis(10));
     destination.backoff_max = ConfigDuration(Duration::from_millis(50));
     destination
-}
-
-fn relay(fixture: &Fixture) -> Relay<Destinations> {
-    let destinations = BTreeMap::from([(DESTINATION.to_string(), fixture.destination.clone())]);
-    let publisher = Destinations::new(&destinations).expect("a valid destination");
-    let policies = BTreeMap::from([(DESTINATION.to_string(), RetryPolicy::from(&fixture.destination))]);
-    Relay::new(fixture.schema.database(4), publisher, policies, settings(LEASE))
-}
-
-/// Runs the relay's production loop until `done` holds (bounded), then stops it.
-async fn run_until(fixture: &Fixture, done: &str) {
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(fixture).run(None, stop.clone()));
-    let waited = tokio::time::timeout(PATIENCE, async {
-        while fixture.count(done).await == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    stop.cancel();
-    running.await.expect("the relay ran");
-    assert!(waited.is_ok(), "not within {PATIENCE:?}: {done}");
-}
-
-/// Runs the relay's production loop until `n` rows are delivered (bounded).
-async fn run_until_delivered(fixture: &Fixture, n: i64) {
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(fixture).run(None, stop.clone()));
-    let waited = tokio::time::timeout(PATIENCE, async {
-        while fixture.delivered().await < n {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    stop.cancel();
-    running.await.expect("the relay ran");
-    assert!(waited.is_ok(), "{} of {n} rows delivered within {PATIENCE:?}", fixture.delivered().await);
 }
 
 fn header<'a>(message: &'a async_nats::jetstream::message::StreamMessage, name: &str) -> Option<&'a str> {
@@ -87,7 +48,7 @@ async fn rows_reach_the_stream_once_each_in_order_per_key_under_their_derived_ke
         keys.insert(key, n);
     }
 
-    run_until_delivered(&fixture, 30).await;
+    fixture.run_until_delivered(30).await;
 
     let held = messages(&js, &prefix).await;
     assert_eq!(held.len(), 30, "one message per row");
@@ -153,7 +114,7 @@ async fn a_subject_no_stream_takes_is_retried_then_dead_with_the_reason() {
     fixture.destination.max_attempts = 2;
     fixture.enqueue("order-1", serde_json::json!({}), None).await;
 
-    run_until(&fixture, "state = 'dead'").await;
+    fixture.run_until("state = 'dead'").await;
 
     let client = fixture.db.pool.get().await.unwrap();
     let sql = fixture.schema.sql("SELECT attempts, last_error FROM idemgate.outbox WHERE state = 'dead'");
@@ -174,7 +135,7 @@ async fn a_business_key_that_would_change_the_subject_is_dead_at_once() {
     fixture.enqueue("eu.42", serde_json::json!({}), None).await;
     fixture.enqueue("*", serde_json::json!({}), None).await;
 
-    run_until(&fixture, "state = 'dead' AND (SELECT count(*) FROM idemgate.outbox d WHERE d.state = 'dead') = 2").await;
+    fixture.run_until("state = 'dead' AND (SELECT count(*) FROM idemgate.outbox d WHERE d.state = 'dead') = 2").await;
 
     let client = fixture.db.pool.get().await.unwrap();
     let sql = fixture
@@ -207,7 +168,7 @@ async fn a_broker_restarted_mid_run_costs_retries_and_nothing_else() {
     }
 
     let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(&fixture).run(None, stop.clone()));
+    let running = tokio::spawn(fixture.relay(LEASE).run(None, stop.clone()));
     let some = tokio::time::timeout(PATIENCE, async {
         while fixture.delivered().await < 10 {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -3,6 +3,7 @@
 //! Each integration test binary includes this module and uses a part of it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod amqp;
 pub mod config_file;
 pub mod failover_load;
 pub mod gateway;

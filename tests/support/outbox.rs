@@ -12,6 +12,8 @@ use idemgate::outbox::relay::{Outcome, Relay, Settings};
 use idemgate::outbox::retry::RetryPolicy;
 use idemgate::postgres::Database;
 
+use tokio_util::sync::CancellationToken;
+
 use super::postgres::TestSchema;
 use super::sink::Sink;
 
@@ -117,6 +119,32 @@ impl Fixture {
         let client = self.db.pool.get().await.unwrap();
         let sql = self.schema.sql("SELECT count(*) FROM idemgate.delivered");
         client.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+
+    /// Runs the relay's production loop (`Relay::run`) until `condition`
+    /// holds for some row (bounded), then stops it.
+    pub async fn run_until(&self, condition: &str) {
+        self.run_while(|| async { self.count(condition).await == 0 }, condition).await;
+    }
+
+    /// Runs the relay's production loop until `n` rows are delivered (bounded), then stops it.
+    pub async fn run_until_delivered(&self, n: i64) {
+        self.run_while(|| async { self.delivered().await < n }, &format!("{n} rows delivered")).await;
+    }
+
+    async fn run_while<F: Future<Output = bool>>(&self, pending: impl Fn() -> F, what: &str) {
+        const PATIENCE: Duration = Duration::from_secs(60);
+        let stop = CancellationToken::new();
+        let running = tokio::spawn(self.relay(Duration::from_secs(30)).run(None, stop.clone()));
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while pending().await {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        stop.cancel();
+        running.await.expect("the relay ran");
+        assert!(waited.is_ok(), "not within {PATIENCE:?}: {what}");
     }
 
     pub async fn claim(&self, lease: Duration) -> Vec<claim::Claimed> {

@@ -1,0 +1,221 @@
+//! `kind = "amqp"`: each message an AMQP 0-9-1 publish (RabbitMQ).
+//!
+//! An [`AmqpDestination`] publishes the payload as a persistent message
+//! (`delivery_mode = 2`, `content_type = application/json`) to its
+//! `exchange` with a `routing_key` (a [`Template`] over the message's
+//! names), `message_id = <derived key>`, the destination's configured
+//! headers, the message's own and the row's trace context as a new span
+//! (`traceparent`, `tracestate`), on a channel in confirm mode, with
+//! `mandatory` set.
+//!
+//! **The broker's confirmation decides.** A message is delivered when the
+//! broker acks it and did not return it. A return (no queue bound for the
+//! routing key: RabbitMQ would otherwise drop the message and still ack),
+//! a nack, no confirmation within `timeout`, a closed channel or connection
+//! (an exchange that does not exist closes the channel) are retried with
+//! the destination's backoff, under the same `message_id`: RabbitMQ keeps
+//! no memory of ids, so consumers deduplicate on `message_id` for
+//! `key_retention`, as HTTP destinations do on `Idempotency-Key`. A message
+//! no retry can publish (a routing key or header name over AMQP's 255
+//! bytes, a name that cannot fill the template) is refused at once.
+//!
+//! **Connecting.** The connection and its channel are opened on the first
+//! publish and opened again on the next publish after either closes, so a
+//! relay starts while its broker is down and a broker restart costs the
+//! attempts that fail meanwhile, nothing else. The URL's credentials
+//! (`amqp://user:password@host/vhost`) log in; `amqps://` is TLS, verified
+//! against the public roots.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::super::claim::Claimed;
+use super::super::retry::Class;
+use super::template::Template;
+use super::{Delivery, Destination};
+use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
+
+/// AMQP's limit on a short string: a routing key, an exchange, a header name.
+const MAX_SHORT: usize = 255;
+
+/// A RabbitMQ (AMQP 0-9-1) destination.
+pub struct AmqpDestination {
+    url: String,
+    shown: String,
+    exchange: ShortString,
+    routing_key: Template,
+    /// The configured headers, checked.
+    headers: Vec<(String, String)>,
+    timeout: Duration,
+    open: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl AmqpDestination {
+    /// Checks the destination's URL, exchange, routing key and headers;
+    /// the error names the field. Connects to nothing.
+    pub fn new(config: &DestinationConfig) -> Result<Self, String> {
+        let shown = ServiceUrl::new(config.url.as_str()).redacted();
+        if !(config.url.starts_with("amqp://") || config.url.starts_with("amqps://")) {
+            return Err(format!("url {shown:?} must be an amqp:// or amqps:// URL"));
+        }
+        config.url.parse::<lapin::uri::AMQPUri>().map_err(|e| format!("url {shown:?}: {}", printable_error(&e)))?;
+        if config.ca_file.is_some() {
+            return Err(
+                "ca_file is not supported for kind = \"amqp\" yet: amqps:// is verified against the public roots"
+                    .into(),
+            );
+        }
+        let exchange =
+            config.exchange.as_deref().ok_or("kind = \"amqp\" needs an exchange (\"\" is the default exchange)")?;
+        let exchange =
+            ShortString::try_new(exchange).map_err(|_| format!("exchange is longer than {MAX_SHORT} bytes"))?;
+        let routing_key = config.routing_key.as_deref().ok_or("kind = \"amqp\" needs a routing_key")?;
+        let routing_key = Template::parse(routing_key).map_err(|e| format!("routing_key: {e}"))?;
+        let mut headers = Vec::new();
+        for (name, value) in &config.headers {
+            header_name(name).map_err(|e| format!("headers: {e}"))?;
+            headers.push((name.clone(), value.clone()));
+        }
+        Ok(Self {
+            url: config.url.clone(),
+            shown,
+            exchange,
+            routing_key,
+            headers,
+            timeout: config.timeout.0,
+            open: Mutex::new(None),
+        })
+    }
+
+    /// The open channel, opening the connection and channel when there is none or it closed.
+    async fn channel(&self) -> Result<Channel, String> {
+        let mut open = self.open.lock().await;
+        if let Some((connection, channel)) = open.as_ref()
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        *open = None;
+        let properties = ConnectionProperties::default().with_connection_name("idemgate-relay".into());
+        let connection = Connection::connect(&self.url, properties)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {}", self.shown, printable_error(&e)))?;
+        let channel = connection.create_channel().await.map_err(|e| format!("cannot open a channel: {e}"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
+        *open = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    /// The message's properties: persistent, JSON, its headers and the derived key.
+    fn properties(&self, message: &Claimed) -> Result<BasicProperties, String> {
+        let mut headers: Vec<(String, String)> = Vec::new();
+        let mut set = |name: &str, value: &str| {
+            headers.retain(|(other, _)| !other.eq_ignore_ascii_case(name));
+            headers.push((name.to_owned(), value.to_owned()));
+        };
+        for (name, value) in &self.headers {
+            set(name, value);
+        }
+        for (name, value) in &message.headers {
+            header_name(name).map_err(|e| format!("message {e}"))?;
+            set(name, value);
+        }
+        if let Some(trace) = &message.trace {
+            set("traceparent", &trace.child());
+            set("tracestate", trace.tracestate().unwrap_or_default());
+        }
+        let mut table = FieldTable::default();
+        for (name, value) in headers.into_iter().filter(|(name, value)| !(name == "tracestate" && value.is_empty())) {
+            let name = ShortString::try_new(name).map_err(|_| "a header name is too long")?;
+            table.insert(name, AMQPValue::LongString(LongString::from(value)));
+        }
+        let id = ShortString::try_new(message.derived_key.as_str()).map_err(|_| "the derived key is too long")?;
+        Ok(BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(id)
+            .with_headers(table))
+    }
+
+    async fn attempt(&self, message: &Claimed) -> Delivery {
+        let failed = |class, reason: String| Delivery::Failed { class, retry_after: None, reason };
+        let routing_key = match self.routing_key.render(message, |_| Ok(())) {
+            Ok(key) => key,
+            Err(reason) => return failed(Class::Reject, format!("routing_key: {reason}")),
+        };
+        let Ok(routing_key) = ShortString::try_new(routing_key) else {
+            return failed(Class::Reject, format!("routing_key: longer than {MAX_SHORT} bytes once filled in"));
+        };
+        let properties = match self.properties(message) {
+            Ok(properties) => properties,
+            Err(reason) => return failed(Class::Reject, reason),
+        };
+        let confirmed = tokio::time::timeout(self.timeout, async {
+            let channel = self.channel().await?;
+            let options = BasicPublishOptions { mandatory: true, immediate: false };
+            let pending = channel
+                .basic_publish(
+                    self.exchange.clone(),
+                    routing_key.clone(),
+                    options,
+                    message.payload.as_bytes(),
+                    properties,
+                )
+                .await
+                .map_err(|e| format!("the publish failed: {}", printable_error(&e)))?;
+            pending.await.map_err(|e| format!("no confirmation: {}", printable_error(&e)))
+        })
+        .await;
+        match confirmed {
+            Ok(Ok(Confirmation::Ack(None))) => Delivery::Delivered,
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => failed(
+                Class::Retry,
+                format!(
+                    "returned by the broker ({} {}): no queue is bound to exchange {:?} for routing key {:?}",
+                    returned.reply_code,
+                    returned.reply_text,
+                    self.exchange.as_str(),
+                    routing_key.as_str()
+                ),
+            ),
+            Ok(Ok(Confirmation::Nack(_))) => failed(Class::Retry, "the broker refused the message (nack)".into()),
+            Ok(Ok(Confirmation::NotRequested)) => failed(Class::Retry, "the channel was not in confirm mode".into()),
+            Ok(Err(reason)) => failed(Class::Retry, reason),
+            Err(_) => failed(Class::Retry, format!("no confirmation within {:?}", self.timeout)),
+        }
+    }
+}
+
+impl Destination for AmqpDestination {
+    fn publish<'a>(
+        &'a self,
+        message: &'a Claimed,
+        _scrubber: &'a Scrubber,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.attempt(message))
+    }
+}
+
+/// Whether `name` can be an AMQP header name.
+fn header_name(name: &str) -> Result<(), String> {
+    let shown: String = name.chars().take(64).collect();
+    if name.is_empty() || name.len() > MAX_SHORT {
+        return Err(format!("header {shown:?} must be 1 to {MAX_SHORT} bytes"));
+    }
+    Ok(())
+}
+
+/// An error as one line: the broker's texts may hold line breaks.
+fn printable_error(error: &impl std::fmt::Display) -> String {
+    error.to_string().replace(['\r', '\n'], " ")
+}
