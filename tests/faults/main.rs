@@ -9,6 +9,8 @@
 //!   dies or freezes — never a second effect;
 //! - [`outbox`]: the relay under faults — no committed row lost, each
 //!   derived key's effect applied once;
+//! - [`outbox_brokers`]: relays SIGKILLed while publishing to HTTP, NATS
+//!   and RabbitMQ at once — nothing lost, each key applied once;
 //! - [`outbox_outage`]: database outages heal by themselves;
 //! - [`invariants`]: many clients, random keys, duplicates and faults,
 //!   checked against the gateway's invariants.
@@ -19,4 +21,5 @@ mod support;
 mod gateway;
 mod invariants;
 mod outbox;
+mod outbox_brokers;
 mod outbox_outage;

@@ -3,17 +3,19 @@
 //! production loop (`Relay::run`) against its own schema, and reads what
 //! the stream holds — the effects, counted at the broker.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use idemgate::config::{ConfigDuration, DestinationConfig, DestinationKind};
 use idemgate::outbox::enqueue::Message;
-use idemgate::outbox::publisher::{Delivery, Publisher};
+use idemgate::outbox::publisher::{Delivery, Destinations, Publisher};
+use idemgate::outbox::relay::Relay;
+use idemgate::outbox::retry::RetryPolicy;
 use tokio_util::sync::CancellationToken;
 
 use crate::support;
 use support::nats::{NatsProcess, create_stream, jetstream, messages, unique_subject};
-use support::outbox::{DESTINATION, Fixture};
+use support::outbox::{DESTINATION, Fixture, settings};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const LEASE: Duration = Duration::from_secs(30);
@@ -212,4 +214,46 @@ async fn a_broker_restarted_mid_run_costs_retries_and_nothing_else() {
     }
     assert_eq!(seen.len(), 60, "every row reached the stream");
     drop(nats);
+}
+
+/// A frozen broker (SIGSTOP: connections open, nothing answers) beside an
+/// HTTP destination: the HTTP rows are all delivered meanwhile, and the
+/// broker's rows follow once it thaws.
+#[tokio::test]
+async fn a_frozen_broker_holds_up_no_http_destination() {
+    let nats = tokio::task::spawn_blocking(NatsProcess::start).await.expect("start nats");
+    let prefix = unique_subject();
+    create_stream(&jetstream(&nats.url()).await, &prefix, vec![format!("{prefix}.>")]).await;
+    let fixture = Fixture::start().await;
+    let mut destinations = BTreeMap::from([(DESTINATION.to_string(), fixture.destination.clone())]);
+    destinations.insert("stream".into(), nats_destination(&nats.url(), &format!("{prefix}.{{operation}}")));
+    let policies = destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
+    let publisher = Destinations::new(&destinations).expect("valid destinations");
+    let relay = Relay::new(fixture.schema.database(4), publisher, policies, settings(LEASE));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(relay.run(None, stop.clone()));
+
+    nats.pause();
+    let payload = serde_json::json!({});
+    for n in 0..10 {
+        let business_key = format!("to-stream-{n}");
+        fixture.enqueue_message(&Message::new("stream", "notify", &business_key, &payload)).await;
+    }
+    for n in 0..20 {
+        fixture.enqueue(&format!("to-http-{n}"), serde_json::json!({ "n": n }), None).await;
+    }
+    let http_served = fixture.sink.wait_for_effects(20, PATIENCE).await;
+    let stream_pending = fixture.count("destination = 'stream'").await;
+    nats.resume();
+    let all = tokio::time::timeout(PATIENCE, async {
+        while fixture.delivered().await < 30 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    stop.cancel();
+    running.await.expect("the relay ran");
+    assert!(http_served, "the HTTP destination served its 20 rows while the broker was frozen");
+    assert_eq!(stream_pending, 10, "the broker's rows waited for it");
+    assert!(all.is_ok(), "{} of 30 rows delivered after the broker thawed", fixture.delivered().await);
 }

@@ -43,6 +43,22 @@ impl NatsProcess {
         self.child = Some(spawn(self.port, &self.dir));
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+        }
+    }
+
     /// Leaves the server running until this test process exits.
     pub fn keep_until_this_process_exits(mut self) {
         let child = self.child.take().expect("a running server");

@@ -38,7 +38,7 @@ use rand::prelude::*;
 use serde_json::json;
 use tokio_postgres::Client;
 
-use super::sink::Sink;
+use super::sink::{Received, Sink};
 
 /// The operation of every workload row (part of the derived key).
 pub const OPERATION: &str = "notify";
@@ -313,7 +313,13 @@ struct OutboxRow {
 /// stopped, or idle once the outbox has settled: a publish still in flight
 /// would land after the sink was read.
 pub async fn check(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Sink) -> Report {
-    let report = verify(client, schema, ledger, sink).await;
+    check_received(client, schema, ledger, sink.received()).await
+}
+
+/// [`check`] over what several downstreams received, each list in its own
+/// arrival order (an ordering key's rows all go to one destination).
+pub async fn check_received(client: &Client, schema: &Schema, ledger: &Ledger, received: Vec<Received>) -> Report {
+    let report = verify_received(client, schema, ledger, received).await;
     let shown: Vec<&String> = report.violations.iter().take(30).collect();
     assert!(report.violations.is_empty(), "{report}\n{shown:#?}");
     report
@@ -321,6 +327,11 @@ pub async fn check(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Sin
 
 /// Holds the ledger, the database and the sink against each other.
 pub async fn verify(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Sink) -> Report {
+    verify_received(client, schema, ledger, sink.received()).await
+}
+
+/// [`verify`] over what several downstreams received.
+pub async fn verify_received(client: &Client, schema: &Schema, ledger: &Ledger, received: Vec<Received>) -> Report {
     let sql = "SELECT derived_key, state, coalesce(last_error, ''), ordering_key, ordering_seq FROM idemgate.outbox";
     let outbox: HashMap<String, OutboxRow> = client
         .query(&*schema.sql(sql), &[])
@@ -341,7 +352,6 @@ pub async fn verify(client: &Client, schema: &Schema, ledger: &Ledger, sink: &Si
         .map(|r| r.get(0))
         .collect();
     let committed = ledger.rows();
-    let received = sink.received();
     let mut report = Report { rows: committed.len(), requests: received.len(), ..Report::default() };
     let violations = &mut report.violations;
 

@@ -173,3 +173,23 @@ async fn handle(request: Request<Incoming>, state: Arc<State>) -> Result<Respons
     }
     Ok(response)
 }
+
+/// What a broker's consumer read, `(key, body)` in order, as a sink's
+/// record: each message acknowledged (the broker stored it), and the first
+/// of each key an effect — a consumer that deduplicates on the key.
+pub fn consumed(messages: Vec<(String, Bytes)>) -> Vec<Received> {
+    let mut seen = std::collections::HashSet::new();
+    messages
+        .into_iter()
+        .map(|(key, body)| Received {
+            effect: seen.insert(key.clone()),
+            payload: serde_json::from_slice(&body).unwrap_or_default(),
+            key,
+            headers: http::HeaderMap::new(),
+            body,
+            status: 200,
+            retry_after: None,
+            at: Instant::now(),
+        })
+        .collect()
+}
