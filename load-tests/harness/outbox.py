@@ -1,4 +1,5 @@
-"""The outbox's scenarios: P7 throughput, P8 commit-to-delivery latency, P9 claim scaling, R1 isolation, and
+"""The outbox's scenarios: P7 throughput, B1/B2 the same to NATS JetStream and RabbitMQ, P8 commit-to-delivery
+latency, P9 claim scaling, R1 isolation, and
 E1-E4 enqueue rows/s (enqueue.py).
 
 They need PostgreSQL at DATABASE_URL and psql; without either their rows
@@ -16,12 +17,13 @@ import time
 from . import shared
 from .shared import cpu_seconds, say
 from .enqueue import IDS as ENQUEUE_IDS, enqueue_scenarios
-from .outbox_stack import DATABASE_URL, DESTINATION, SLOW_DESTINATION, Outbox, bench, pct, sink_get, wait_until
+from .outbox_stack import (AMQP_URL, DATABASE_URL, DESTINATION, NATS_URL, SLOW_DESTINATION, Outbox, bench, pct,
+                           sink_get, wait_until)
 
 
 def outbox_scenarios(runner, procs, workdir, wanted):
     if not shutil.which("psql"):
-        for sid in ("P7", "P8", "P9", "R1", *ENQUEUE_IDS):
+        for sid in ("P7", "B1", "B2", "P8", "P9", "R1", *ENQUEUE_IDS):
             if wanted(sid):
                 runner.row(sid, "outbox relay", None, note="skipped: psql is not installed")
         return
@@ -29,14 +31,17 @@ def outbox_scenarios(runner, procs, workdir, wanted):
     try:
         ob.psql("SELECT 1", timeout=10)
     except Exception as e:  # noqa: BLE001
-        for sid in ("P7", "P8", "P9", "R1", *ENQUEUE_IDS):
+        for sid in ("P7", "B1", "B2", "P8", "P9", "R1", *ENQUEUE_IDS):
             if wanted(sid):
                 runner.row(sid, "outbox relay", None, note=f"skipped: no PostgreSQL at DATABASE_URL ({e})")
         return
     ob.drop_orphans()
     try:
-        if wanted("P7"):
-            relay_throughput(runner, ob)
+        p7 = relay_throughput(runner, ob) if wanted("P7") else None
+        if wanted("B1"):
+            broker_throughput(runner, ob, "B1", "nats", NATS_URL, p7)
+        if wanted("B2"):
+            broker_throughput(runner, ob, "B2", "amqp", AMQP_URL, p7)
         if wanted("P8"):
             relay_latency(runner, ob)
         if wanted("P9"):
@@ -67,6 +72,7 @@ def relay_throughput(runner, ob):
     drained_s = time.monotonic() - started
     cpu = cpu_seconds(pid) - cpu_before
     left = ob.count(schema)
+    db_rate = ob.delivery_rate(schema)
     ob.procs.stop(relay)
     ob.procs.stop(sink)
     span = max(1e-6, (last["last_us"] - last["first_us"]) / 1e6)
@@ -91,6 +97,52 @@ def relay_throughput(runner, ob):
                                                             f"; INCOMPLETE: {last['distinct']} delivered, {left} left"),
                dict(rps=rate, p50_us=None, p99_us=None, cpu_us=cpu_us), None, None, "≥ 10,000 deliveries/s",
                rate >= 10_000 and complete)
+    return db_rate
+
+
+def broker_throughput(runner, ob, sid, kind, url, p7_rate):
+    """B1/B2: P7's rows through the relay as shipped to a broker destination, acknowledgements awaited; deliveries/s
+    from the first delivery recorded to the last (the database's `delivered_at`), against P7's measured the same way."""
+    rows = 2_000 if runner.args.smoke else 100_000
+    name = "NATS JetStream" if kind == "nats" else "RabbitMQ"
+    say(f"{sid} outbox relay throughput: {rows:,} rows to {name}")
+    broker = f"lt-{os.getpid()}-{sid.lower()}"
+    try:
+        bench(["broker-setup", "--kind", kind, "--url", url, "--name", broker], 60)
+    except Exception as e:  # noqa: BLE001
+        runner.row(sid, f"outbox relay to {name}", None, note=f"skipped: no broker at {url} ({e})")
+        return
+    try:
+        schema = ob.schema(sid.lower())
+        ob.timed(f"SELECT count({schema}.enqueue('{DESTINATION}', 'b', 'order:' || i, "
+                 f"jsonb_build_object('amount', i))) FROM generate_series(1, {rows}) AS i")
+        relay = ob.start_broker_relay(f"relay-{sid.lower()}", schema, kind, url, broker)
+        cpu_before = cpu_seconds(relay.pid)
+        wait_until(lambda: ob.count(schema) == 0, 60 + rows / 500, 0.2)
+        cpu = cpu_seconds(relay.pid) - cpu_before
+        ob.procs.stop(relay)
+        left = ob.count(schema)
+        held = bench(["broker-count", "--kind", kind, "--url", url, "--name", broker], 60)["messages"]
+        rate = ob.delivery_rate(schema)
+    finally:
+        bench(["broker-delete", "--kind", kind, "--url", url, "--name", broker], 60)
+    cpu_us = cpu * 1e6 / max(1, rows)
+    ratio = rate / p7_rate if p7_rate else None
+    complete = left == 0 and held >= rows
+    runner.raw.append(dict(scenario=sid, target="relay", kind=kind, rows=rows, held=held, left_in_outbox=left,
+                           deliveries_per_s=round(rate), p7_deliveries_per_s=round(p7_rate or 0),
+                           relay_cpu_us_per_delivery=round(cpu_us, 1), load=os.getloadavg()[0]))
+    runner.notes.append(f"- **{sid}**: {rows:,} rows to {name} (acknowledgements awaited): **{rate:,.0f} deliveries/s** "
+                        f"from the first delivery recorded to the last (P7 measured the same way: "
+                        f"{p7_rate or 0:,.0f}/s); the broker holds {held:,}; relay CPU {cpu_us:.0f} µs per delivery; "
+                        f"{left} rows left.")
+    print(f"   {sid} {rate:,.0f} deliveries/s (P7 the same way {p7_rate or 0:,.0f}/s), broker holds {held:,}, "
+          f"relay cpu {cpu_us:.0f} µs/delivery, {left} left", flush=True)
+    runner.row(sid, f"outbox relay, {rows:,} rows to {name} — deliveries/s"
+               + ("" if complete else f"; INCOMPLETE: broker holds {held}, {left} left"),
+               dict(rps=rate, p50_us=None, p99_us=None, cpu_us=cpu_us), None, ratio,
+               "≥ 0.9 × P7 (same run)" + ("; ≥ 10,000/s" if kind == "nats" else ""),
+               complete and ratio is not None and ratio >= 0.9 and (kind != "nats" or rate >= 10_000))
 
 
 def relay_latency(runner, ob):

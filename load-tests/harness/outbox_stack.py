@@ -19,6 +19,8 @@ from .shared import free_port
 # Plaintext by default, like the relay figures measured before TLS support:
 # the relay's own cost is what P7-P9 measure, not the loopback TLS.
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 DESTINATION = "bench"
 SLOW_DESTINATION = "slow"
 
@@ -108,6 +110,36 @@ url = "http://127.0.0.1:{slow_port}/deliver"
 timeout = "10s"
 """))
         return self.procs.start(name, [str(shared.GATEWAY), "relay", "--config", str(conf)], admin)
+
+    def start_broker_relay(self, name, schema, kind, url, broker):
+        """The relay as shipped, to one broker destination: a NATS stream's `broker.>` subjects or a RabbitMQ exchange."""
+        admin = free_port()
+        conf = self.workdir / f"{name}.toml"
+        target = (f'subject = "{broker}.{{operation}}"' if kind == "nats"
+                  else f'exchange = "{broker}"\nrouting_key = "{{operation}}"')
+        conf.write_text(f"""
+admin_listen = "127.0.0.1:{admin}"
+
+[log]
+level = "warn"
+
+[relay]
+database_url = "{DATABASE_URL}"
+schema = "{schema}"
+
+[destinations.{DESTINATION}]
+kind = "{kind}"
+url = "{url}"
+{target}
+""")
+        return self.procs.start(name, [str(shared.GATEWAY), "relay", "--config", str(conf)], admin)
+
+    def delivery_rate(self, schema):
+        """Rows delivered per second from the first delivery recorded to the last, as the database saw them."""
+        out = self.psql(f"SELECT count(*), extract(epoch FROM max(delivered_at) - min(delivered_at)) "
+                        f"FROM {schema}.delivered")
+        rows, span = out.split("|")
+        return int(rows) / max(1e-6, float(span or 0))
 
     def count(self, schema):
         return int(self.psql(f"SELECT count(*) FROM {schema}.outbox"))

@@ -7,6 +7,7 @@
 //! outbox-bench enqueue-rate  --database-url URL --schema S --rate 1000 --duration-ms 10000 --out FILE
 //! outbox-bench claim-latency --database-url URL --schemas S1,S2 --samples 200 --batch 32
 //! outbox-bench enqueue-many  --database-url URL --schema S --rows 100000 [--ordering-keys 1000]
+//! outbox-bench broker-setup|broker-count|broker-delete --kind nats|amqp --url URL --name N
 //! ```
 //!
 //! - `enqueue-rate` (P8): an open-loop enqueuer. Message *i* is due at
@@ -25,8 +26,13 @@
 //!   committed; times the call and the commit (the helper's checks, the
 //!   parameters on the wire and the SQL function), not building the rows.
 //!
+//! - `broker-*` (B1, B2): the stream, or exchange and queue, the relay
+//!   publishes to, and what they hold ([`broker`]).
+//!
 //! Each prints one JSON object on stdout and is bounded in count and
 //! time; the database URL must point at 127.0.0.1 or a local socket.
+
+mod broker;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -61,7 +67,11 @@ fn main() -> std::process::ExitCode {
             "enqueue-rate" => enqueue_rate(&flags).await,
             "claim-latency" => claim_latency(&flags).await,
             "enqueue-many" => enqueue_many(&flags).await,
-            other => Err(format!("unknown command {other:?}: enqueue-rate, claim-latency or enqueue-many").into()),
+            "broker-setup" | "broker-count" | "broker-delete" => broker::run(&command, &flags).await,
+            other => Err(format!(
+                "unknown command {other:?}: enqueue-rate, claim-latency, enqueue-many, broker-setup, broker-count or broker-delete"
+            )
+            .into()),
         }
     });
     match result {
