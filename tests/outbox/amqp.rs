@@ -9,13 +9,17 @@ use std::time::Duration;
 use idemgate::config::{ConfigDuration, DestinationConfig, DestinationKind};
 use idemgate::outbox::enqueue::Message;
 use idemgate::outbox::publisher::{Delivery, Publisher};
+use tokio_util::sync::CancellationToken;
 
 use crate::support;
-use support::amqp::{amqp_url, channel, delete, drain, exchange, exchange_with_queue, header, unique_name};
+use support::amqp::{
+    RabbitProcess, amqp_url, channel, delete, drain, exchange, exchange_with_queue, header, unique_name,
+};
 use support::outbox::{DESTINATION, Fixture};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const LEASE: Duration = Duration::from_secs(30);
+const PATIENCE: Duration = Duration::from_secs(60);
 
 fn amqp_destination(url: &str, exchange: &str, routing_key: &str) -> DestinationConfig {
     let mut destination = DestinationConfig::new(url);
@@ -151,4 +155,77 @@ async fn dead_row(fixture: &Fixture) -> (i32, String) {
     let sql = fixture.schema.sql("SELECT attempts, last_error FROM idemgate.outbox WHERE state = 'dead'");
     let row = client.query_one(&sql, &[]).await.unwrap();
     (row.get(0), row.get(1))
+}
+
+/// The broker SIGKILLed and restarted mid-run (a private one; its durable
+/// queue and persistent messages on disk): the relay opens a new
+/// connection by itself, every row reaches the queue, and a consumer
+/// deduplicating on `message_id` sees each once, in order per key.
+#[tokio::test]
+async fn a_broker_restarted_mid_run_costs_retries_and_nothing_else() {
+    let mut rabbit = tokio::task::spawn_blocking(RabbitProcess::start).await.expect("start rabbitmq");
+    let url = rabbit.url();
+    let name = unique_name();
+    {
+        let (_connection, channel) = channel(&url).await;
+        exchange_with_queue(&channel, &name).await;
+    }
+    let mut fixture = Fixture::start().await;
+    fixture.destination = amqp_destination(&url, &name, "{ordering_key}");
+    // A broker shutting down returns what it is sent (its queues stop
+    // first): enough attempts, paced, to outlast the restart.
+    fixture.destination.max_attempts = 1000;
+    fixture.destination.backoff_max = ConfigDuration(Duration::from_millis(500));
+    for n in 0..40 {
+        fixture.enqueue(&format!("order-{n}"), serde_json::json!({ "n": n }), Some(&format!("k{}", n % 4))).await;
+    }
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(fixture.relay(LEASE).run(None, stop.clone()));
+    let some = tokio::time::timeout(PATIENCE, async {
+        while fixture.delivered().await < 10 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    assert!(some.await.is_ok(), "the first rows were delivered");
+    for n in 40..60 {
+        fixture.enqueue(&format!("order-{n}"), serde_json::json!({ "n": n }), Some(&format!("k{}", n % 4))).await;
+    }
+    let rabbit = tokio::task::spawn_blocking(move || {
+        rabbit.restart();
+        rabbit
+    })
+    .await
+    .expect("restart rabbitmq");
+    let all = tokio::time::timeout(PATIENCE, async {
+        while fixture.delivered().await < 60 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let all = all.await;
+    stop.cancel();
+    running.await.expect("the relay ran");
+    if all.is_err() {
+        let client = fixture.db.pool.get().await.unwrap();
+        let sql = fixture.schema.sql("SELECT state, attempts, coalesce(last_error, '') || ' ' || coalesce(ordering_key, '') FROM idemgate.outbox ORDER BY state, id LIMIT 12");
+        let rows: Vec<(String, i32, String)> =
+            client.query(&sql, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        panic!("{} of 60 rows delivered after the restart; left: {rows:?}", fixture.delivered().await);
+    }
+    assert_eq!(fixture.count("true").await, 0, "nothing dead, nothing left");
+
+    let (_connection, channel) = channel(&url).await;
+    let held = drain(&channel, &name).await;
+    let mut seen = HashSet::new();
+    let mut last_per_key: HashMap<String, i64> = HashMap::new();
+    for message in &held {
+        let id = message.properties.message_id().as_ref().expect("a derived key").to_string();
+        if !seen.insert(id) {
+            continue; // the consumer deduplicates on message_id
+        }
+        let n = serde_json::from_slice::<serde_json::Value>(&message.data).unwrap()["n"].as_i64().unwrap();
+        let previous = last_per_key.insert(message.routing_key.to_string(), n);
+        assert!(previous.is_none_or(|p| p < n), "per-key order: {previous:?} before {n}");
+    }
+    assert_eq!(seen.len(), 60, "every row reached the queue");
+    drop(rabbit);
 }

@@ -158,3 +158,23 @@ pub fn nats_url() -> String {
     };
     URL.get_or_init(|| service.url()).clone()
 }
+
+/// The suite's RabbitMQ: `AMQP_URL`, else the one on 127.0.0.1:5672,
+/// else a private one for this test process.
+pub fn amqp_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    let service = Service {
+        name: "RabbitMQ",
+        variable: "AMQP_URL",
+        default_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
+        default_port: 5672,
+        start: "start it (`rabbitmq-server -detached`), or unset AMQP_URL to let each test process start a private one",
+        start_private: || {
+            let server = super::amqp::RabbitProcess::start();
+            let url = server.url();
+            server.keep_until_this_process_exits();
+            url
+        },
+    };
+    URL.get_or_init(|| service.url()).clone()
+}

@@ -20,9 +20,10 @@
 //! bytes, a name that cannot fill the template) is refused at once.
 //!
 //! **Connecting.** The connection and its channel are opened on the first
-//! publish and opened again on the next publish after either closes, so a
-//! relay starts while its broker is down and a broker restart costs the
-//! attempts that fail meanwhile, nothing else. The URL's credentials
+//! publish, and again on the next publish after either closed or an
+//! attempt on them went unanswered (a killed broker leaves a connection
+//! that still looks open), so a relay starts while its broker is down and
+//! a broker restart costs the attempts that fail meanwhile, nothing else. The URL's credentials
 //! (`amqp://user:password@host/vhost`) log in; `amqps://` is TLS, verified
 //! against the public roots.
 
@@ -53,7 +54,15 @@ pub struct AmqpDestination {
     /// The configured headers, checked.
     headers: Vec<(String, String)>,
     timeout: Duration,
-    open: Mutex<Option<(Connection, Channel)>>,
+    open: Mutex<Option<Open>>,
+}
+
+/// A connection and its confirm-mode channel; the generation tells a
+/// failed attempt's connection from one opened since.
+struct Open {
+    generation: u64,
+    connection: Connection,
+    channel: Channel,
 }
 
 impl AmqpDestination {
@@ -93,16 +102,20 @@ impl AmqpDestination {
         })
     }
 
-    /// The open channel, opening the connection and channel when there is none or it closed.
-    async fn channel(&self) -> Result<Channel, String> {
+    /// The open channel and its generation, opening a connection and a
+    /// channel when there is none, or the one there is has closed.
+    async fn channel(&self) -> Result<(u64, Channel), String> {
         let mut open = self.open.lock().await;
-        if let Some((connection, channel)) = open.as_ref()
-            && connection.status().connected()
-            && channel.status().connected()
+        if let Some(open) = open.as_ref()
+            && open.connection.status().connected()
+            && open.channel.status().connected()
         {
-            return Ok(channel.clone());
+            return Ok((open.generation, open.channel.clone()));
         }
-        *open = None;
+        let generation = open.as_ref().map_or(0, |open| open.generation + 1);
+        if let Some(stale) = open.take() {
+            close(stale.connection);
+        }
         let properties = ConnectionProperties::default().with_connection_name("idemgate-relay".into());
         let connection = Connection::connect(&self.url, properties)
             .await
@@ -112,8 +125,23 @@ impl AmqpDestination {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
-        *open = Some((connection, channel.clone()));
-        Ok(channel)
+        *open = Some(Open { generation, connection, channel: channel.clone() });
+        Ok((generation, channel))
+    }
+
+    /// Gives up the connection of `generation` after an attempt on it
+    /// failed for want of an answer: a broker that was killed or cut off
+    /// leaves a connection that still looks open, and waiting on it would
+    /// cost every later attempt its whole `timeout`. The next attempt opens
+    /// a new one; publishes still waiting on the old one fail and are
+    /// retried under their own `message_id`.
+    async fn give_up(&self, generation: u64) {
+        let mut open = self.open.lock().await;
+        if open.as_ref().is_some_and(|open| open.generation == generation)
+            && let Some(stale) = open.take()
+        {
+            close(stale.connection);
+        }
     }
 
     /// The message's properties: persistent, JSON, its headers and the derived key.
@@ -160,22 +188,29 @@ impl AmqpDestination {
             Ok(properties) => properties,
             Err(reason) => return failed(Class::Reject, reason),
         };
+        let used = std::sync::Mutex::new(None);
         let confirmed = tokio::time::timeout(self.timeout, async {
-            let channel = self.channel().await?;
+            let (generation, channel) = self.channel().await?;
+            if let Ok(mut used) = used.lock() {
+                *used = Some(generation);
+            }
             let options = BasicPublishOptions { mandatory: true, immediate: false };
+            let payload = message.payload.as_bytes();
             let pending = channel
-                .basic_publish(
-                    self.exchange.clone(),
-                    routing_key.clone(),
-                    options,
-                    message.payload.as_bytes(),
-                    properties,
-                )
+                .basic_publish(self.exchange.clone(), routing_key.clone(), options, payload, properties)
                 .await
                 .map_err(|e| format!("the publish failed: {}", printable_error(&e)))?;
             pending.await.map_err(|e| format!("no confirmation: {}", printable_error(&e)))
         })
         .await;
+        let generation = used.lock().ok().and_then(|used| *used);
+        // Any answer but a clean ack gives the connection up: the next
+        // attempt starts from a fresh connection and channel.
+        if !matches!(confirmed, Ok(Ok(Confirmation::Ack(None))))
+            && let Some(generation) = generation
+        {
+            self.give_up(generation).await;
+        }
         match confirmed {
             Ok(Ok(Confirmation::Ack(None))) => Delivery::Delivered,
             Ok(Ok(Confirmation::Ack(Some(returned)))) => failed(
@@ -204,6 +239,14 @@ impl Destination for AmqpDestination {
     ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.attempt(message))
     }
+}
+
+/// Closes a connection given up on, in the background and briefly: a dead
+/// broker never answers the close.
+fn close(connection: Connection) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(1), connection.close(320, "reconnecting".into())).await;
+    });
 }
 
 /// Whether `name` can be an AMQP header name.
