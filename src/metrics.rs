@@ -28,6 +28,9 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     /// `idemgate_lease_takeovers_total`.
     pub lease_takeovers: IntCounter,
+    /// `idemgate_tenant_quota_refusals_total{limit}` (`keys`, `bytes`; no
+    /// tenant label: tenants are unbounded, and the request log names the key).
+    pub tenant_quota_refusals: IntCounterVec,
     /// `idemgate_fence_rejections_total{operation}`.
     pub fence_rejections: IntCounterVec,
     /// `idemgate_settle_abandoned_total`.
@@ -109,6 +112,11 @@ impl Metrics {
             lease_takeovers: counter(
                 "idemgate_lease_takeovers_total",
                 "Keys acquired from an in-flight attempt whose lease had expired.",
+            ),
+            tenant_quota_refusals: counter_vec(
+                "idemgate_tenant_quota_refusals_total",
+                "New keys refused with 429 tenant-quota, by the limit their tenant had reached.",
+                &["limit"],
             ),
             fence_rejections: counter_vec(
                 "idemgate_fence_rejections_total",

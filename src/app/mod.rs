@@ -101,7 +101,8 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, StartError
     let sealer = crate::store::sealing::Sealer::from_config(&config.store_encryption)?.map(Arc::new);
     let store = AnyStore::open(config.store.expose(), sealer)
         .await
-        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
+        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?
+        .with_quota(config.gateway.tenant_quota);
     tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
     Ok(Arc::new(Gateway::new(config, store, Arc::new(Metrics::new()))?))
 }

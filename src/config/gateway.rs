@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ByteSize, ConfigDuration, TenantConfig};
+use super::{ByteSize, ConfigDuration, TenantConfig, TenantQuota};
 
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -89,6 +89,9 @@ pub struct GatewayConfig {
     pub wait_timeout: ConfigDuration,
     /// Where the tenant comes from.
     pub tenant: TenantConfig,
+    /// Per-tenant limits on live keys and stored bytes; none when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_quota: Option<TenantQuota>,
     /// Which key is forwarded upstream.
     pub forward_key: ForwardKey,
     /// Request headers that are part of the fingerprint.
@@ -142,6 +145,7 @@ impl Default for GatewayConfig {
             concurrent: ConcurrentMode::Reject,
             wait_timeout: secs(10),
             tenant: TenantConfig::Authorization,
+            tenant_quota: None,
             forward_key: ForwardKey::Original,
             fingerprint_headers: vec!["content-type".into()],
             canonical_json: true,

@@ -17,6 +17,7 @@
 
 mod gateway;
 mod load;
+mod quota;
 mod relay;
 mod scrub;
 mod secret;
@@ -35,6 +36,7 @@ pub use gateway::{
     RouteConfig,
 };
 pub use load::Overrides;
+pub use quota::TenantQuota;
 pub use relay::{DestinationConfig, DestinationKind, RelayConfig, is_schema_name};
 pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
 pub use secret::{Secret, ServiceUrl, StoreKind};

@@ -255,6 +255,7 @@ fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("log", fields_of::<LogConfig>()),
         ("gateway", fields_of::<GatewayConfig>()),
         ("gateway.tenant", fields_of::<TenantConfig>()),
+        ("gateway.tenant_quota", fields_of::<crate::config::TenantQuota>()),
         ("routes[]", fields_of::<RouteConfig>()),
         ("admin", fields_of::<AdminConfig>()),
         ("store_encryption", fields_of::<StoreEncryptionConfig>()),

@@ -47,13 +47,15 @@ pub enum Disposition {
     Ambiguous,
     /// The connection has as many guarded attempts running as it may (`503`).
     ConnectionBusy,
+    /// A new key of a tenant over its `tenant_quota` (`429`).
+    TenantQuota,
     /// No route matched (`404`). Keep it last: [`Disposition::COUNT`] counts up to it.
     NoRoute,
 }
 
 impl Disposition {
     /// Every disposition, in declaration order: `ALL[d as usize] == d`.
-    pub const ALL: [Disposition; 22] = [
+    pub const ALL: [Disposition; 23] = [
         Self::Passthrough,
         Self::Forwarded,
         Self::Released,
@@ -75,6 +77,7 @@ impl Disposition {
         Self::BadHead,
         Self::Ambiguous,
         Self::ConnectionBusy,
+        Self::TenantQuota,
         Self::NoRoute,
     ];
 
@@ -110,6 +113,7 @@ impl Disposition {
             Self::BadHead => "bad-head",
             Self::Ambiguous => "ambiguous",
             Self::ConnectionBusy => "connection-busy",
+            Self::TenantQuota => "tenant-quota",
             Self::NoRoute => "no-route",
         }
     }

@@ -13,6 +13,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use super::spelling::Ambiguity;
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::{KeyError, TenantError};
+use crate::store::QuotaLimit;
 
 /// Prefix of every problem `type`; the suffix is [`Problem::slug`]. The
 /// HTTP parser's refusals ([`crate::http::refusal`]) share it.
@@ -47,6 +48,8 @@ pub enum Problem {
     /// The connection has `max_streams_per_connection` guarded attempts
     /// still running (streams it reset run on until they settle).
     ConnectionBusy,
+    /// The key is new and its tenant holds what `tenant_quota` allows.
+    TenantQuota(QuotaLimit),
     /// The request body is over the limit.
     BodyTooLarge {
         /// The limit in bytes.
@@ -128,6 +131,7 @@ impl Problem {
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
             Self::ConnectionBusy => "connection-busy",
+            Self::TenantQuota(_) => "tenant-quota",
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::UriTooLong { .. } => "uri-too-long",
             Self::HeadersTooLarge { .. } => "headers-too-large",
@@ -163,6 +167,7 @@ impl Problem {
             Self::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable | Self::ConnectionBusy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TenantQuota(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
@@ -195,6 +200,7 @@ impl Problem {
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::ConnectionBusy => "Too many requests running on this connection",
+            Self::TenantQuota(_) => "Tenant quota reached",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::UriTooLong { .. } => "URI too long",
             Self::HeadersTooLarge { .. } => "Request headers too large",
@@ -229,6 +235,7 @@ impl Problem {
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
             Self::ConnectionBusy => "This connection already has as many guarded requests running upstream as it may have streams (requests whose streams were reset run on until they settle). The request was not forwarded and nothing was recorded; retry after Retry-After.".into(),
+            Self::TenantQuota(limit) => format!("This credential's tenant already holds as many {} as its quota allows (tenant_quota.max_{}), so a new Idempotency-Key was not recorded and the request was not forwarded. Retries of keys already used are still answered; new keys are accepted again as stored keys expire.", match limit { QuotaLimit::Keys => "live keys", QuotaLimit::Bytes => "bytes of stored responses" }, limit.as_str()),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
             Self::AmbiguousRequest(e) => format!("The request was not forwarded: {e}. Upstreams disagree about what such a request means; send the plain path, and the method in upper case."),
             Self::BadRequestBody => "The request body broke off or was malformed before it was complete. It was not forwarded; nothing was recorded for its key.".into(),

@@ -155,7 +155,7 @@ mod tests {
         let listed = |d: Disposition| match d {
             Passthrough | Forwarded | Released | Replayed | Conflict | Mismatch | MissingKey | InvalidKey
             | AmbiguousTenant | Unauthenticated | StoreError | FailOpen | UpstreamError | TimedOut | Unknown | Held
-            | NotReplayable | BadBody | BadHead | Ambiguous | ConnectionBusy | NoRoute => {
+            | NotReplayable | BadBody | BadHead | Ambiguous | ConnectionBusy | TenantQuota | NoRoute => {
                 Disposition::ALL.get(d as usize) == Some(&d)
             }
         };

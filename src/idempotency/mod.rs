@@ -18,4 +18,4 @@ pub use decision::{Admission, Decision, StatusPolicy, admit, decide};
 pub use fingerprint::{Fingerprint, FingerprintPolicy};
 pub use key::{IdempotencyKey, KeyError};
 pub use record::{Completion, Fence, Record, StoredResponse};
-pub use scope::{ScopedKey, Tenant, TenantError};
+pub use scope::{ScopedKey, Tenant, TenantError, TenantId};

@@ -49,38 +49,76 @@ impl Tenant {
     pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Self {
         Self(bytes.into())
     }
+
+    /// The short name stores count this tenant's records under.
+    pub fn id(&self) -> TenantId {
+        let digest = hash_fields(&[b"tenant", &self.0]);
+        let mut id = [0; 16];
+        id.copy_from_slice(&digest[..16]);
+        TenantId(id)
+    }
 }
 
-/// `sha256(tenant ‖ key)`: the address of a record in every store.
+/// A short, stable name of a tenant for the stores: the first 16 bytes of
+/// `sha256(tenant)`. Stores count a tenant's records under it
+/// (`tenant_quota`) without ever seeing the tenant itself; 128 bits make a
+/// collision (two tenants sharing one quota) as unlikely as guessing a key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct TenantId(pub [u8; 16]);
+
+impl std::fmt::Debug for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TenantId({})", &to_hex(&self.0[..6]))
+    }
+}
+
+/// `sha256(tenant ‖ key)`: the address of a record in every store, with
+/// the [`TenantId`] of the tenant it belongs to (the address alone does
+/// not reveal it, and a store that keeps a tenant's quota needs it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScopedKey([u8; 32]);
+pub struct ScopedKey {
+    digest: [u8; 32],
+    tenant: TenantId,
+}
 
 impl ScopedKey {
     /// Scopes a key to its tenant.
     pub fn new(tenant: &Tenant, key: &IdempotencyKey) -> Self {
-        Self(hash_fields(&[&tenant.0, key.as_str().as_bytes()]))
+        let digest = hash_fields(&[&tenant.0, key.as_str().as_bytes()]);
+        Self { digest, tenant: tenant.id() }
     }
 
-    /// Wraps a digest read back from a store.
+    /// Wraps a digest read back from a store; its tenant is
+    /// [`TenantId::default`] (tests, where no quota is counted).
     pub fn from_digest(digest: [u8; 32]) -> Self {
-        Self(digest)
+        Self { digest, tenant: TenantId::default() }
+    }
+
+    /// A digest filed under a given tenant (tests of `tenant_quota`).
+    pub fn from_parts(tenant: TenantId, digest: [u8; 32]) -> Self {
+        Self { digest, tenant }
     }
 
     /// The raw digest.
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.digest
+    }
+
+    /// The tenant the key belongs to.
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
     }
 
     /// Lower-case hex; also the "derived key" forwarded upstream and the
     /// only form of a key that ever appears in logs.
     pub fn to_hex(&self) -> String {
-        to_hex(&self.0)
+        to_hex(&self.digest)
     }
 
     /// The first 16 hex digits of [`ScopedKey::to_hex`]: how logs name the
     /// record (hex of 8 bytes, not a 64-digit string cut down).
     pub fn log_id(&self) -> String {
-        to_hex(&self.0[..8])
+        to_hex(&self.digest[..8])
     }
 }
 

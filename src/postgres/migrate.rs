@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 6, name: "enqueue_many", sql: include_str!("migrations/0006_enqueue_many.sql") },
     Migration { version: 7, name: "trace_context", sql: include_str!("migrations/0007_trace_context.sql") },
     Migration { version: 8, name: "enqueue_many_insert", sql: include_str!("migrations/0008_enqueue_many_insert.sql") },
+    Migration { version: 9, name: "gateway_tenant", sql: include_str!("migrations/0009_gateway_tenant.sql") },
 ];
 
 /// The schema version this binary needs.

@@ -35,6 +35,17 @@
 //! fill: the first new key a shard sees after [`SWEEP_EVERY`] sweeps it
 //! (about 1,600 entries per shard at the default limit, well under a
 //! millisecond).
+//!
+//! **Tenant quota** ([`MemoryStore::with_quota`]). With a quota, a key's
+//! shard is chosen by its tenant, not by the key, so all of a tenant's
+//! records share one shard and that shard keeps the tenant's usage (live
+//! entries, stored bytes) beside them: every change to a tenant's records
+//! updates its usage under the same lock, which makes "under quota, then
+//! insert" one atomic step. A tenant at its limit first has its shard
+//! swept (records of its that expired give their share back), then is
+//! refused. The price: one tenant's traffic takes one shard's lock, not
+//! 64 — a lock held for a hash-map operation, so it only shows when a
+//! single tenant runs many cores' worth of new keys.
 
 mod budget;
 
@@ -46,9 +57,11 @@ use budget::Budget;
 // tokio's clock, so tests drive leases and TTLs with `tokio::time::pause`.
 use tokio::time::Instant;
 
-use super::{Begin, Store, StoreError, url_options};
-use crate::config::ByteSize;
-use crate::idempotency::{Admission, Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse, admit};
+use super::{Begin, QuotaLimit, Store, StoreError, url_options};
+use crate::config::{ByteSize, TenantQuota};
+use crate::idempotency::{
+    Admission, Completion, Fence, Fingerprint, Record, ScopedKey, StoredResponse, TenantId, admit,
+};
 
 const SHARDS: usize = 64;
 
@@ -64,6 +77,7 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     budgets: Budgets,
     sweep_every: Duration,
+    quota: Option<TenantQuota>,
 }
 
 /// The store-wide limits. Every entry in a map holds one unit of `entries`
@@ -89,6 +103,33 @@ struct Shard {
     /// skipped. Lowered ([`Shard::expires`]) wherever a record's expiry is
     /// set; only a sweep raises it, to the earliest expiry it kept.
     earliest: Option<Instant>,
+    /// With a tenant quota: what each tenant with records in this shard
+    /// holds, counted as the budgets count (expired entries included until
+    /// they leave the map). A tenant holding nothing has no entry.
+    tenants: Option<HashMap<TenantId, Usage>>,
+}
+
+/// One tenant's share of its shard.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    keys: usize,
+    bytes: usize,
+}
+
+/// Adds to a tenant's usage (negative: takes away); a tenant left with
+/// no keys is forgotten, so the map holds only tenants with records.
+fn tally(tenants: &mut Option<HashMap<TenantId, Usage>>, tenant: TenantId, keys: isize, bytes: isize) {
+    let Some(tenants) = tenants else { return };
+    let usage = tenants.entry(tenant).or_default();
+    usage.keys = usage.keys.saturating_add_signed(keys);
+    usage.bytes = usage.bytes.saturating_add_signed(bytes);
+    if usage.keys == 0 {
+        tenants.remove(&tenant);
+    }
+}
+
+fn signed(size: usize) -> isize {
+    isize::try_from(size).unwrap_or(isize::MAX)
 }
 
 struct Entry {
@@ -136,7 +177,29 @@ impl Shard {
     fn remove(&mut self, key: &ScopedKey, budgets: &Budgets) -> Option<Entry> {
         let entry = self.map.remove(key)?;
         budgets.release(&entry);
+        tally(&mut self.tenants, key.tenant(), -1, -signed(entry.size()));
         Some(entry)
+    }
+
+    /// Inserts a new key's entry and counts it for its tenant (its entry
+    /// unit is the caller's to have reserved).
+    fn insert(&mut self, key: &ScopedKey, entry: Entry) {
+        tally(&mut self.tenants, key.tenant(), 1, signed(entry.size()));
+        self.expires(entry.expires_at);
+        self.map.insert(*key, entry);
+    }
+
+    /// Which of `quota`'s limits a new key of `tenant` would pass, if any.
+    fn over_quota(&self, tenant: TenantId, quota: &TenantQuota) -> Option<QuotaLimit> {
+        let usage = self.tenants.as_ref()?.get(&tenant).copied().unwrap_or_default();
+        let at = |used: usize, limit: u64| u64::try_from(used).unwrap_or(u64::MAX) >= limit;
+        if at(usage.keys, quota.max_keys) {
+            Some(QuotaLimit::Keys)
+        } else if at(usage.bytes, quota.max_bytes) {
+            Some(QuotaLimit::Bytes)
+        } else {
+            None
+        }
     }
 
     /// Drops expired records. A routine sweep keeps an in-flight record
@@ -150,13 +213,15 @@ impl Shard {
         let before = self.map.len();
         self.earliest = None;
         let earliest = &mut self.earliest;
-        self.map.retain(|_, e| {
+        let tenants = &mut self.tenants;
+        self.map.retain(|key, e| {
             let lapsed_recently = matches!(e.state, State::InFlight { .. }) && e.expires_at + every > now;
             let keep = e.expires_at > now || lapsed_recently;
             if keep {
                 *earliest = earlier(*earliest, e.expires_at);
             } else {
                 budgets.release(e);
+                tally(tenants, key.tenant(), -1, -signed(e.size()));
             }
             keep
         });
@@ -182,12 +247,27 @@ impl MemoryStore {
 
     fn with_sweep_interval(max_entries: usize, max_bytes: usize, sweep_every: Duration) -> Self {
         let now = Instant::now();
-        let shard = || Mutex::new(Shard { map: HashMap::new(), next_sweep: now + sweep_every, earliest: None });
+        let shard =
+            || Mutex::new(Shard { map: HashMap::new(), next_sweep: now + sweep_every, earliest: None, tenants: None });
         Self {
             shards: (0..SHARDS).map(|_| shard()).collect(),
             budgets: Budgets { entries: Budget::new(max_entries), bytes: Budget::new(max_bytes) },
             sweep_every,
+            quota: None,
         }
+    }
+
+    /// Enforces `quota` per tenant (see the module docs). Records already
+    /// held are dropped: they were filed by key, not by tenant, and the
+    /// quota is set before the store serves.
+    pub fn with_quota(self, quota: Option<TenantQuota>) -> Self {
+        let mut store =
+            Self::with_sweep_interval(self.budgets.entries.limit(), self.budgets.bytes.limit(), self.sweep_every);
+        for shard in &store.shards {
+            lock(shard).tenants = quota.map(|_| HashMap::new());
+        }
+        store.quota = quota;
+        store
     }
 
     /// Parses `memory://` with optional `max_entries` and `max_bytes`.
@@ -212,7 +292,9 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &ScopedKey) -> MutexGuard<'_, Shard> {
-        lock(&self.shards[usize::from(key.as_bytes()[0]) % SHARDS])
+        // With a quota a tenant's records share a shard, which keeps its usage.
+        let byte = if self.quota.is_some() { key.tenant().0[0] } else { key.as_bytes()[0] };
+        lock(&self.shards[usize::from(byte) % SHARDS])
     }
 
     /// Drops every expired record to make room, one shard at a time: the
@@ -292,14 +374,28 @@ impl Store for MemoryStore {
                 shard.sweep(now, self.sweep_every, &self.budgets);
                 shard.next_sweep = now + self.sweep_every;
             }
-            // An expired record of this key hands its entry unit on to the
-            // new attempt; only a key the map does not hold needs a new one.
+            // An expired record of this key hands its entry unit (and its
+            // place in its tenant's quota) on to the new attempt; only a key
+            // the map does not hold needs a new one.
             let slot = match shard.map.remove(key) {
                 Some(old) => {
                     self.budgets.bytes.release(old.size());
+                    tally(&mut shard.tenants, key.tenant(), -1, -signed(old.size()));
                     true
                 }
-                None => self.budgets.entries.try_reserve(1),
+                None => {
+                    if let Some(quota) = &self.quota {
+                        // The tenant's records are all in this shard: its
+                        // expired ones can be given back here and now.
+                        if shard.over_quota(key.tenant(), quota).is_some() {
+                            shard.sweep(now, Duration::ZERO, &self.budgets);
+                        }
+                        if let Some(limit) = shard.over_quota(key.tenant(), quota) {
+                            return Ok(Begin::OverQuota(limit));
+                        }
+                    }
+                    self.budgets.entries.try_reserve(1)
+                }
             };
             if !slot {
                 if swept {
@@ -310,11 +406,10 @@ impl Store for MemoryStore {
                 swept = true;
                 continue;
             }
-            shard.map.insert(
-                *key,
+            shard.insert(
+                key,
                 Entry { fingerprint: *fingerprint, state: State::InFlight { fence }, expires_at: now + lease },
             );
-            shard.expires(now + lease);
             return Ok(Begin::Acquired { took_over });
         }
     }
@@ -366,6 +461,9 @@ impl Store for MemoryStore {
                 Some(entry) if matches!(entry.state, State::InFlight { fence: f } if f == fence) => {
                     entry.state = state();
                     entry.expires_at = now + ttl;
+                    // Never refused for its tenant's bytes: the upstream acted.
+                    let grown = signed(entry.size());
+                    tally(&mut shard.tenants, key.tenant(), 0, grown);
                     shard.expires(now + ttl);
                     return Ok(true);
                 }
@@ -378,6 +476,8 @@ impl Store for MemoryStore {
                 Some(entry) => {
                     let held_before = entry.size();
                     *entry = Entry { fingerprint: *fingerprint, state: state(), expires_at: now + ttl };
+                    let grown = signed(entry.size()) - signed(held_before);
+                    tally(&mut shard.tenants, key.tenant(), 0, grown);
                     shard.expires(now + ttl);
                     self.budgets.bytes.release(held_before);
                     return Ok(true);
@@ -386,9 +486,7 @@ impl Store for MemoryStore {
                 // took over (a takeover writes its own fence). The upstream
                 // acted, so the record says so.
                 None if self.budgets.entries.try_reserve(1) => {
-                    let entry = Entry { fingerprint: *fingerprint, state: state(), expires_at: now + ttl };
-                    shard.map.insert(*key, entry);
-                    shard.expires(now + ttl);
+                    shard.insert(key, Entry { fingerprint: *fingerprint, state: state(), expires_at: now + ttl });
                     return Ok(true);
                 }
                 None if swept => {

@@ -17,6 +17,19 @@
 //!   writes its own fence.
 //! - An in-flight record expires when its lease ends; a completed or
 //!   unknown one `ttl` after completion. An expired record is the same as no record.
+//! - With a `tenant_quota` ([`AnyStore::with_quota`]), `try_begin` on a key
+//!   whose tenant ([`ScopedKey::tenant`]) holds `max_keys` live records,
+//!   or `max_bytes` of stored responses, answers [`Begin::OverQuota`] and
+//!   writes nothing — in the same atomic step as the acquire, so two
+//!   concurrent first requests cannot both take a tenant's last key.
+//!   Only a begin that would create a record is refused: a key with a live
+//!   record is decided as without a quota, and `complete` is never refused
+//!   (a completion may take the tenant's bytes past `max_bytes`). Records
+//!   that expire, are released or purged give their share back. One
+//!   difference between backends: memory and Redis count a record until
+//!   they drop it (a lapsed attempt a while after its lease), so the
+//!   takeover of a lapsed attempt reuses its place; Postgres counts live
+//!   rows only, so there a takeover is checked like a new key.
 //! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
 //!   gateways with skewed clocks still agree on leases.
 //!
@@ -35,7 +48,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::StoreKind;
+use crate::config::{StoreKind, TenantQuota};
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use sealing::Sealer;
 
@@ -49,6 +62,29 @@ pub enum Begin {
     },
     /// The key is held or completed; the caller applies the decision table.
     Existing(Record),
+    /// The key is new and its tenant already holds what `tenant_quota`
+    /// allows: nothing was written. Not a [`StoreError`]: those mean "the
+    /// store is down", and a fail-open gateway forwards past them.
+    OverQuota(QuotaLimit),
+}
+
+/// Which of a tenant's limits refused a new key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaLimit {
+    /// `max_keys`: the tenant holds that many live records.
+    Keys,
+    /// `max_bytes`: the tenant's stored responses hold that many bytes.
+    Bytes,
+}
+
+impl QuotaLimit {
+    /// `keys` or `bytes`, for metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Keys => "keys",
+            Self::Bytes => "bytes",
+        }
+    }
 }
 
 /// Why a store operation failed. Every variant means "the outcome is
@@ -164,6 +200,17 @@ impl AnyStore {
             Some(StoreKind::Redis) => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer)))),
             Some(StoreKind::Postgres) => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
             None => Err(unsupported(url)),
+        }
+    }
+
+    /// Enforces `quota` on every tenant from now on (`None`: no quota).
+    /// Set before the store serves: on a Redis Cluster it decides where a
+    /// tenant's records live ([`redis::RedisStore::with_quota`]).
+    pub fn with_quota(self, quota: Option<TenantQuota>) -> Self {
+        match self {
+            Self::Memory(s) => Self::Memory(s.with_quota(quota)),
+            Self::Redis(s) => Self::Redis(Box::new(s.with_quota(quota))),
+            Self::Postgres(s) => Self::Postgres(s.with_quota(quota)),
         }
     }
 

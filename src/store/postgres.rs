@@ -33,6 +33,18 @@
 //! nothing, and sees no old row — the statement is then simply run again
 //! (at most [`BEGIN_TRIES`] times), and the second run sees that attempt.
 //!
+//! **Tenant quota** ([`PostgresStore::with_quota`]). Every row carries its
+//! tenant (migration 9), quota or not, so that a quota switched on counts
+//! the rows already there. With a quota, `try_begin` is a transaction:
+//! a transaction-level advisory lock of the tenant, then one statement
+//! that counts the tenant's live rows (and sums their bytes) and inserts
+//! only under the limits (a key with a live row is answered from a plain
+//! read first, without the lock, so replays do not queue behind a
+//! tenant's new keys). The lock is what makes it atomic: a statement's
+//! snapshot, taken after the lock is granted, sees every row the previous
+//! holder committed, where two statements racing without it could each
+//! count the other's key as free.
+//!
 //! URL: `postgres://user:pass@host:port/db?pool_size=16&timeout=2s&schema=idemgate`
 //! (`postgresql://` too); other query options go to the driver, TLS ones
 //! (`sslmode`, `sslrootcert`) through [`crate::postgres::tls`]. `schema`
@@ -44,8 +56,8 @@ use std::time::Duration;
 
 use super::record_codec::{IN_FLIGHT, RecordCodec, StoredFields};
 use super::sealing::Sealer;
-use super::{Begin, Store, StoreError, url_options};
-use crate::config::ConfigDuration;
+use super::{Begin, QuotaLimit, Store, StoreError, url_options};
+use crate::config::{ConfigDuration, TenantQuota};
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use crate::postgres::{Database, Endpoint, PostgresError, Schema, migrate};
 
@@ -62,16 +74,55 @@ WITH old AS (
            greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint AS remaining_ms
       FROM idemgate.gateway_keys WHERE key = $1),
 ins AS (
-    INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at)
-    VALUES ($1, $2, 'i', $3, NULL, clock_timestamp() + $4::bigint * interval '1 millisecond')
+    INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at, tenant)
+    VALUES ($1, $2, 'i', $3, NULL, clock_timestamp() + $4::bigint * interval '1 millisecond', $5)
     ON CONFLICT (key) DO UPDATE
        SET fingerprint = EXCLUDED.fingerprint, state = 'i', fence = EXCLUDED.fence, response = NULL,
-           expires_at = EXCLUDED.expires_at
+           expires_at = EXCLUDED.expires_at, tenant = EXCLUDED.tenant
      WHERE k.expires_at <= clock_timestamp()
     RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM ins) AS acquired, old.state, old.fingerprint, old.fence, old.response,
-       old.remaining_ms, old.expired
+       old.remaining_ms, old.expired, NULL::text AS over
   FROM (SELECT 1) AS one LEFT JOIN old ON true";
+
+// As BEGIN, run under the tenant's advisory lock (`TENANT_LOCK`) in the
+// same transaction: a key with no live row is inserted only while the
+// tenant's live rows number fewer than $6 and their responses hold fewer
+// than $7 bytes, and `over` says which limit refused it. The statement's
+// snapshot is taken after the lock is granted, so it sees every row the
+// tenant's previous holder of the lock committed: two first requests of
+// one tenant cannot both count the same last free key. (In one statement
+// without the lock, both snapshots could predate the other's insert.)
+const BEGIN_IN_QUOTA: &str = "
+WITH old AS (
+    SELECT state, fingerprint, fence, response, expires_at <= clock_timestamp() AS expired,
+           greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint AS remaining_ms
+      FROM idemgate.gateway_keys WHERE key = $1),
+usage AS (
+    SELECT count(*) AS keys,
+           -- Summed only with a byte limit: it reads every live row of the tenant.
+           CASE WHEN $7 < 9223372036854775807 THEN coalesce(sum(octet_length(response)), 0) ELSE 0 END AS bytes
+      FROM idemgate.gateway_keys WHERE tenant = $5 AND expires_at > clock_timestamp()),
+verdict AS (
+    SELECT CASE WHEN usage.keys >= $6 THEN 'keys' WHEN usage.bytes >= $7 THEN 'bytes' END AS over FROM usage),
+ins AS (
+    INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at, tenant)
+    SELECT $1, $2, 'i', $3, NULL, clock_timestamp() + $4::bigint * interval '1 millisecond', $5
+      FROM verdict WHERE verdict.over IS NULL
+    ON CONFLICT (key) DO UPDATE
+       SET fingerprint = EXCLUDED.fingerprint, state = 'i', fence = EXCLUDED.fence, response = NULL,
+           expires_at = EXCLUDED.expires_at, tenant = EXCLUDED.tenant
+     WHERE k.expires_at <= clock_timestamp()
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins) AS acquired, old.state, old.fingerprint, old.fence, old.response,
+       old.remaining_ms, old.expired, verdict.over
+  FROM verdict LEFT JOIN old ON true";
+
+// A transaction-level advisory lock per tenant, in the two-key space (which
+// the single-key locks of the migrations and the outbox never meet): the
+// first key names this use, the second is 4 bytes of the tenant's hash.
+// Two tenants that share those 4 bytes only wait for each other.
+const TENANT_LOCK: &str = "SELECT pg_advisory_xact_lock(1768190049, $1)";
 
 const GET: &str = "
 SELECT state, fingerprint, fence, response,
@@ -86,11 +137,11 @@ UPDATE idemgate.gateway_keys SET expires_at = clock_timestamp() + $3::bigint * i
 // row, or a completion past its retention: created. Anything else (another
 // fence, a live completion) is left alone and reports 0 rows.
 const COMPLETE: &str = "
-INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at)
-VALUES ($1, $6, $5, $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond')
+INSERT INTO idemgate.gateway_keys AS k (key, fingerprint, state, fence, response, expires_at, tenant)
+VALUES ($1, $6, $5, $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond', $7)
 ON CONFLICT (key) DO UPDATE
    SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, fence = EXCLUDED.fence,
-       response = EXCLUDED.response, expires_at = EXCLUDED.expires_at
+       response = EXCLUDED.response, expires_at = EXCLUDED.expires_at, tenant = EXCLUDED.tenant
  WHERE (k.state = 'i' AND k.fence = $2) OR (k.state <> 'i' AND k.expires_at <= clock_timestamp())";
 
 const RELEASE: &str = "
@@ -109,6 +160,7 @@ pub struct PostgresStore {
     codec: RecordCodec,
     db: Arc<Database>,
     timeout: Duration,
+    quota: Option<TenantQuota>,
 }
 
 fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -122,6 +174,10 @@ fn from_outbox(e: PostgresError) -> StoreError {
         PostgresError::Tls { source, .. } => StoreError::InvalidUrl(source.to_string()),
         other => unavailable(other),
     }
+}
+
+fn saturating(limit: u64) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
 fn millis(d: Duration) -> i64 {
@@ -177,7 +233,13 @@ impl PostgresStore {
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
         let db = Arc::new(db);
         tokio::spawn(cleanup(Arc::downgrade(&db)));
-        Ok(Self { codec: RecordCodec::new("postgres record"), db, timeout })
+        Ok(Self { codec: RecordCodec::new("postgres record"), db, timeout, quota: None })
+    }
+
+    /// Enforces `quota` per tenant from now on (see the module docs).
+    pub fn with_quota(mut self, quota: Option<TenantQuota>) -> Self {
+        self.quota = quota;
+        self
     }
 
     /// Seals stored responses with these keys from now on.
@@ -199,6 +261,26 @@ impl PostgresStore {
             lease_remaining_ms: Some(row.try_get(offset + 4).map_err(get_err)?),
         };
         self.codec.decode(key, fields)
+    }
+
+    /// [`BEGIN_IN_QUOTA`] in a transaction under its tenant's lock.
+    async fn begin_in_quota(
+        &self,
+        key: &ScopedKey,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let lock_id = i32::from_be_bytes([key.tenant().0[0], key.tenant().0[1], key.tenant().0[2], key.tenant().0[3]]);
+        self.within_timeout(async {
+            let mut client = self.db.pool.get().await.map_err(unavailable)?;
+            let transaction = client.transaction().await.map_err(unavailable)?;
+            let lock = transaction.prepare_cached(&self.db.schema.sql(TENANT_LOCK)).await.map_err(unavailable)?;
+            transaction.execute(&lock, &[&lock_id]).await.map_err(unavailable)?;
+            let begin = transaction.prepare_cached(&self.db.schema.sql(BEGIN_IN_QUOTA)).await.map_err(unavailable)?;
+            let rows = transaction.query(&begin, params).await.map_err(unavailable)?;
+            transaction.commit().await.map_err(unavailable)?;
+            Ok(rows)
+        })
+        .await
     }
 
     async fn within_timeout<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
@@ -256,10 +338,24 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         let key_bytes = &key.as_bytes()[..];
+        let tenant = &key.tenant().0[..];
         let fp = &fingerprint.0[..];
         let fence = fence.0 as i64;
         for _ in 0..BEGIN_TRIES {
-            let rows = self.query(BEGIN, &[&key_bytes, &fp, &fence, &millis(lease)]).await?;
+            let rows = match &self.quota {
+                None => self.query(BEGIN, &[&key_bytes, &fp, &fence, &millis(lease), &tenant]).await?,
+                Some(quota) => {
+                    // A live record (a replay, a 409) is answered without the
+                    // tenant's lock: only a new key needs counting.
+                    if let Some(row) = self.query(GET, &[&key_bytes]).await?.first() {
+                        return self.record(key, row, 0).map(Begin::Existing);
+                    }
+                    let limits = (saturating(quota.max_keys), saturating(quota.max_bytes));
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                        [&key_bytes, &fp, &fence, &millis(lease), &tenant, &limits.0, &limits.1];
+                    self.begin_in_quota(key, &params).await?
+                }
+            };
             let row = rows.first().ok_or_else(|| StoreError::Corrupt("begin returned no row".into()))?;
             let acquired: bool = row.try_get(0).map_err(unavailable)?;
             let old_state: Option<i8> = row.try_get(1).map_err(unavailable)?;
@@ -275,6 +371,11 @@ impl Store for PostgresStore {
             // after this statement's snapshot. Run it again to see it.
             if old_state.is_some() && old_expired == Some(false) {
                 return self.record(key, row, 1).map(Begin::Existing);
+            }
+            match row.try_get::<_, Option<&str>>(7).map_err(unavailable)? {
+                Some("keys") => return Ok(Begin::OverQuota(QuotaLimit::Keys)),
+                Some(_) => return Ok(Begin::OverQuota(QuotaLimit::Bytes)),
+                None => {}
             }
         }
         Err(StoreError::Unavailable("try_begin kept racing with concurrent attempts".into()))
@@ -296,8 +397,9 @@ impl Store for PostgresStore {
         let key_bytes = &key.as_bytes()[..];
         let written = self.codec.encode(key, completion)?;
         let (state, response, fp) = (written.state as i8, written.response, &fingerprint.0[..]);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&key_bytes, &(fence.0 as i64), &response, &millis(ttl), &state, &fp];
+        let tenant = &key.tenant().0[..];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&key_bytes, &(fence.0 as i64), &response, &millis(ttl), &state, &fp, &tenant];
         Ok(self.execute(COMPLETE, &params).await? == 1)
     }
 

@@ -17,6 +17,20 @@
 //! hash-tagged (`{…}`) so that any future second key of the same record
 //! lands in the same Cluster slot.
 //!
+//! **Tenant quota** ([`RedisStore::with_quota`]). Each tenant has two more
+//! keys, `<prefix>{t<tenant hex>}k` (a sorted set of its record keys
+//! scored by when Redis expires each) and `…}b` (its records' stored
+//! bytes, their sum in field `*`), which the quota variants of the writing
+//! scripts (`scripts`) update in the same script as the record: counting
+//! the tenant's live records (`ZCOUNT` above now) and inserting the new
+//! one is one atomic step. Expired members are pruned a bounded number at
+//! a time by the begins of the tenant's new keys. A Lua script may only
+//! touch keys of one slot on a Cluster, so there a tenant's records are
+//! filed under its tag too, `<prefix>{t<tenant hex>}r<record hex>`: one
+//! tenant's records live on one master (the measurement that chose this
+//! over a quota with a bounded overshoot is in `docs/stores.md`).
+//! Without a quota, nothing of this exists and nothing is paid for it.
+//!
 //! The store starts whether or not Redis answers: `open` checks the URL at
 //! once but connects lazily, with the redis crate's own reconnecting
 //! connections (`ConnectionManager`, the pending `ClusterConnection`), so a
@@ -54,7 +68,8 @@ use redis::{Cmd, FromRedisValue, IntoConnectionInfo, Script, Value};
 
 use super::record_codec::RecordCodec;
 use super::sealing::Sealer;
-use super::{Begin, Store, StoreError};
+use super::{Begin, QuotaLimit, Store, StoreError};
+use crate::config::TenantQuota;
 use crate::idempotency::hash::push_hex;
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use options::{Durability, Options, Topology};
@@ -143,6 +158,7 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     durability: Option<Durability>,
+    quota: Option<TenantQuota>,
 }
 
 impl RedisStore {
@@ -187,7 +203,7 @@ impl RedisStore {
             }
         };
         let codec = RecordCodec::new("redis record");
-        let store = Self { codec, connection, scripts: Scripts::new(), prefix, timeout, durability };
+        let store = Self { codec, connection, scripts: Scripts::new(false), prefix, timeout, durability, quota: None };
         // One attempt now, so an outage at start is logged where it is seen;
         // a failed attempt also starts the connection's own reconnect.
         if let Err(e) = store.ping().await {
@@ -197,6 +213,13 @@ impl RedisStore {
             store.warn_if_too_few_replicas(durability, url).await;
         }
         Ok(store)
+    }
+
+    /// Enforces `quota` per tenant from now on (see the module docs).
+    pub fn with_quota(mut self, quota: Option<TenantQuota>) -> Self {
+        self.quota = quota;
+        self.scripts = Scripts::new(quota.is_some());
+        self
     }
 
     /// Seals stored responses with these keys from now on.
@@ -211,6 +234,9 @@ impl RedisStore {
     }
 
     fn redis_key(&self, key: &ScopedKey) -> String {
+        if self.tenant_slots() {
+            return self.tenant_key(key, 'r', true);
+        }
         let mut redis_key = String::with_capacity(self.prefix.len() + 2 * key.as_bytes().len() + 2);
         redis_key.push_str(&self.prefix);
         redis_key.push('{');
@@ -219,10 +245,40 @@ impl RedisStore {
         redis_key
     }
 
+    /// On a Cluster with a quota, a tenant's records and its counts share
+    /// one slot (see the module docs).
+    fn tenant_slots(&self) -> bool {
+        self.quota.is_some() && matches!(self.connection, Connection::Cluster(_))
+    }
+
+    /// `<prefix>{t<tenant hex>}<kind>`, with the record's hex after it for
+    /// a record: the tenant's sorted set (`k`), its bytes (`b`), or a
+    /// record filed by tenant (`r…`).
+    fn tenant_key(&self, key: &ScopedKey, kind: char, record: bool) -> String {
+        let mut redis_key = String::with_capacity(self.prefix.len() + 100);
+        redis_key.push_str(&self.prefix);
+        redis_key.push_str("{t");
+        push_hex(&key.tenant().0, &mut redis_key);
+        redis_key.push('}');
+        redis_key.push(kind);
+        if record {
+            push_hex(key.as_bytes(), &mut redis_key);
+        }
+        redis_key
+    }
+
     /// `EVALSHA` of `script` on `key`; callers add the arguments.
     fn evalsha(&self, script: &Script, key: &ScopedKey) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(1).arg(self.redis_key(key));
+        cmd
+    }
+
+    /// `EVALSHA` of a quota script on `key` and its tenant's two keys.
+    fn evalsha_in_quota(&self, script: &Script, key: &ScopedKey) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(3).arg(self.redis_key(key));
+        cmd.arg(self.tenant_key(key, 'k', false)).arg(self.tenant_key(key, 'b', false));
         cmd
     }
 
@@ -318,14 +374,23 @@ impl Store for RedisStore {
         fence: Fence,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
-        let mut cmd = self.evalsha(&self.scripts.begin, key);
+        let (script, mut cmd) = match (&self.scripts.in_quota, &self.quota) {
+            (Some(scripts), Some(_)) => (&scripts.begin, self.evalsha_in_quota(&scripts.begin, key)),
+            _ => (&self.scripts.begin, self.evalsha(&self.scripts.begin, key)),
+        };
         cmd.arg(&fingerprint.0[..]).arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
-        let (reply, replicated) = self.run_write(&self.scripts.begin, cmd).await?;
+        if let Some(quota) = &self.quota {
+            cmd.arg(quota.max_keys).arg(quota.max_bytes);
+        }
+        let (reply, replicated) = self.run_write(script, cmd).await?;
         let took_over = match &reply {
             Value::SimpleString(s) if s == "acquired" => false,
             Value::BulkString(s) if s == b"acquired" => false,
             Value::SimpleString(s) if s == "taken_over" => true,
             Value::BulkString(s) if s == b"taken_over" => true,
+            // Refused, nothing written: nothing to wait for either.
+            Value::BulkString(s) if s == b"quota_keys" => return Ok(Begin::OverQuota(QuotaLimit::Keys)),
+            Value::BulkString(s) if s == b"quota_bytes" => return Ok(Begin::OverQuota(QuotaLimit::Bytes)),
             // Only read: nothing of this call's to wait for.
             _ => return self.record(key, reply).map(Begin::Existing),
         };
@@ -342,9 +407,12 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, key: &ScopedKey, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
-        let mut cmd = self.evalsha(&self.scripts.renew, key);
+        let (script, mut cmd) = match &self.scripts.in_quota {
+            Some(scripts) => (&scripts.renew, self.evalsha_in_quota(&scripts.renew, key)),
+            None => (&self.scripts.renew, self.evalsha(&self.scripts.renew, key)),
+        };
         cmd.arg(fence.0).arg(millis(lease)).arg(millis(lease).saturating_mul(2));
-        self.run::<i64>(&self.scripts.renew, cmd).await.map(|n| n == 1)
+        self.run::<i64>(script, cmd).await.map(|n| n == 1)
     }
 
     /// With `wait_replicas`, a complete the same attempt already made
@@ -359,12 +427,15 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let written = self.codec.encode(key, completion)?;
-        let mut cmd = self.evalsha(&self.scripts.complete, key);
+        let (script, mut cmd) = match &self.scripts.in_quota {
+            Some(scripts) => (&scripts.complete, self.evalsha_in_quota(&scripts.complete, key)),
+            None => (&self.scripts.complete, self.evalsha(&self.scripts.complete, key)),
+        };
         cmd.arg(fence.0).arg(millis(ttl)).arg(&[written.state][..]).arg(&fingerprint.0[..]);
         if let Some(response) = written.response {
             cmd.arg(response);
         }
-        let (reply, replicated) = self.run_write(&self.scripts.complete, cmd).await?;
+        let (reply, replicated) = self.run_write(script, cmd).await?;
         let outcome = i64::from_redis_value(reply).map_err(|_| self.codec.corrupt("complete answered otherwise"))?;
         match (outcome, replicated) {
             (0, _) | (2, Replicated::NotAsked) => Ok(false),
@@ -374,9 +445,12 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &ScopedKey, fence: Fence) -> Result<bool, StoreError> {
-        let mut cmd = self.evalsha(&self.scripts.release, key);
+        let (script, mut cmd) = match &self.scripts.in_quota {
+            Some(scripts) => (&scripts.release, self.evalsha_in_quota(&scripts.release, key)),
+            None => (&self.scripts.release, self.evalsha(&self.scripts.release, key)),
+        };
         cmd.arg(fence.0);
-        self.run::<i64>(&self.scripts.release, cmd).await.map(|n| n == 1)
+        self.run::<i64>(script, cmd).await.map(|n| n == 1)
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
@@ -387,6 +461,10 @@ impl Store for RedisStore {
     }
 
     async fn purge(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        if let Some(scripts) = &self.scripts.in_quota {
+            let cmd = self.evalsha_in_quota(&scripts.purge, key);
+            return self.run::<i64>(&scripts.purge, cmd).await.map(|n| n == 1);
+        }
         let mut cmd = redis::cmd("DEL");
         cmd.arg(self.redis_key(key));
         self.command::<i64>(cmd).await.map(|n| n == 1)

@@ -24,6 +24,11 @@
 //! new password that ran again would be a violation, as would one that got
 //! another user's response (3).
 //!
+//! A fourth tenant floods the gateways with new keys beside them (each key
+//! sent twice), with `tenant_quota.max_keys` at twice what any other tenant
+//! uses: the others never get `429`, the flooder does, and
+//! its keys keep every guarantee above.
+//!
 //! The upstream receives the derived key (`forward_key = "derived"`), so it
 //! could deduplicate the fault-caused repeats itself; the checker counts
 //! them separately. Seeded: `IDEMGATE_SEED` replays the same plan (keys,
@@ -72,6 +77,20 @@ const LEASE: Duration = Duration::from_secs(3);
 /// A store back this close to a lease's end leaves no time to settle: the
 /// reconnect and one store operation (store timeout 500 ms) must fit.
 const SETTLE_NEEDS: Duration = Duration::from_secs(1);
+/// Keys each tenant draws from, for a run of `requests`.
+fn keys_per_tenant(requests: usize) -> usize {
+    KEYS_PER_TENANT.max(requests / 10 / TENANTS)
+}
+
+/// `tenant_quota.max_keys` of the gateways: twice the keys of a tenant.
+fn quota(requests: usize) -> usize {
+    2 * keys_per_tenant(requests)
+}
+
+/// The number of requests of the run (`IDEMGATE_INVARIANT_REQUESTS`).
+fn requests() -> usize {
+    std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(2400)
+}
 /// Store outages closer together than this count as one.
 const OUTAGE_GAP: Duration = Duration::from_secs(1);
 
@@ -170,6 +189,7 @@ impl Gateway {
                     ("IDEMGATE__GATEWAY__TENANT__BASIC_USER", "true"),
                     ("IDEMGATE__LOG__LEVEL", "warn"),
                 ])
+                .env("IDEMGATE__GATEWAY__TENANT_QUOTA__MAX_KEYS", quota(requests()).to_string())
                 .stdout(Stdio::null())
                 .stderr(log_file(addr))
                 .spawn()
@@ -243,8 +263,7 @@ enum Fault {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault() {
     let seed = std::env::var("IDEMGATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
-    let requests: usize =
-        std::env::var("IDEMGATE_INVARIANT_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(2400);
+    let requests = requests();
     println!("invariant test: IDEMGATE_SEED={seed} IDEMGATE_INVARIANT_REQUESTS={requests}");
 
     let began = Instant::now();
@@ -259,7 +278,9 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             .collect(),
     );
 
-    let keys_per_tenant = KEYS_PER_TENANT.max(requests / 10 / TENANTS);
+    let keys_per_tenant = keys_per_tenant(requests);
+    // New keys the flooding tenant (`tenant-3`) sends, each twice: twice its quota.
+    let flood_keys = 2 * quota(requests);
     let plan = Arc::new(Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)));
     let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(requests));
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
@@ -312,6 +333,40 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             })
         })
         .collect();
+
+    // The flooding tenant: new keys, each sent twice, one at a time. A
+    // send the store could not take (503 while Redis is down, or no answer)
+    // is sent again, up to 10 times 50 ms apart, so that the flooder does
+    // not spend its keys in an outage.
+    let flooder = {
+        let (outcomes, client, addrs) = (outcomes.clone(), client.clone(), addrs.clone());
+        tokio::spawn(async move {
+            for n in 0..flood_keys * 2 {
+                let key = format!("flood-{}", n / 2);
+                for _ in 0..10 {
+                    let request = Request::post(format!("http://{}/chaos", addrs[n % addrs.len()]))
+                        .header("authorization", basic("Basic", TENANTS, 0))
+                        .header("idempotency-key", &key)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
+                        .unwrap();
+                    let call = async {
+                        let response = client.request(request).await.ok()?;
+                        let status = response.status().as_u16();
+                        Some((status, response.into_body().collect().await.ok()?.to_bytes()))
+                    };
+                    let answer = tokio::time::timeout(Duration::from_secs(10), call).await.ok().flatten();
+                    let (status, body) = answer.map_or((None, Bytes::new()), |(s, b)| (Some(s), b));
+                    let again = matches!(status, None | Some(503));
+                    outcomes.lock().unwrap().push(Outcome { tenant: TENANTS, key: key.clone(), status, body });
+                    if !again {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        })
+    };
 
     // Faults while the workers run: bounded in count, spaced at random.
     let mut faults: Vec<(Instant, Fault)> = Vec::new();
@@ -367,6 +422,7 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
     for worker in workers {
         worker.await.unwrap();
     }
+    flooder.await.unwrap();
     // Let attempts still in flight in the gateways (up to the 3 s deadline) settle before counting.
     tokio::time::sleep(Duration::from_millis(3500)).await;
 
@@ -439,6 +495,10 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                 violations.push(format!("tenant {tenant} {key}: got another tenant's response"));
             }
         }
+        // 4. Only the flooder is ever over its quota.
+        if *tenant != TENANTS && seen.iter().any(|o| o.status == Some(429)) {
+            violations.push(format!("tenant {tenant} {key}: 429 for a tenant within its quota"));
+        }
         // Unexpected answers: a mismatch cannot happen (one body per key).
         if seen.iter().any(|o| o.status == Some(422)) {
             violations.push(format!("tenant {tenant} {key}: 422 for an identical retry"));
@@ -455,6 +515,13 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
         violations.len()
     );
     assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+    let flood_refused = outcomes.iter().filter(|o| o.tenant == TENANTS && o.status == Some(429)).count();
+    let flood_executed =
+        (0..flood_keys).filter(|n| effects.contains_key(&derived_key(TENANTS, &format!("flood-{n}")))).count();
+    println!(
+        "invariant test: the flooder had {flood_executed} of {flood_keys} keys executed, {flood_refused} requests refused"
+    );
+    assert!(flood_refused > 0 && flood_executed < flood_keys, "the quota held the flooder back");
     assert!(executions > 0, "the run executed something");
     drop(gateways);
 }

@@ -361,6 +361,7 @@ fn openapi_lists_every_problem_type() {
         Problem::AmbiguousRequest(Ambiguity::Case),
         Problem::AmbiguousRequest(Ambiguity::MethodOverride),
         Problem::ConnectionBusy,
+        Problem::TenantQuota(idemgate::store::QuotaLimit::Keys),
         Problem::NoRoute,
         Problem::Unauthorized,
         Problem::AdminDisabled,

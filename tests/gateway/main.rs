@@ -14,7 +14,9 @@
 //! - [`upstream_pool`]: the upstream connection pool's limits and reuse;
 //! - [`memory_store`]: bounded memory per connection in the real binary;
 //! - [`log_output`]: requests never wait for a log nobody reads;
-//! - [`admin`]: the admin listener and `openapi.yaml` in step.
+//! - [`admin`]: the admin listener and `openapi.yaml` in step;
+//! - [`tenant_quota`]: a tenant flooding new keys is held to its quota
+//!   while a quiet one is served, on every store.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -25,4 +27,5 @@ mod hostile_http;
 mod log_output;
 mod memory_store;
 mod protocols;
+mod tenant_quota;
 mod upstream_pool;

@@ -154,6 +154,13 @@ async fn check_config_accepts_exactly_what_serve_and_relay_start_with() {
             .env("IDEMGATE__LOG__FORMAT", "json"),
         Case::serve("a Redis store", &format!("store = \"{redis}\"\n{}", route("")), None),
         Case::serve(
+            "a tenant quota",
+            &format!("[gateway]\ntenant_quota = {{ max_keys = 1000, max_bytes = \"64MiB\" }}\n{}", route("")),
+            None,
+        ),
+        Case::serve("a tenant quota of 0 keys", &route(""), Some("max_keys = 0: must be at least 1"))
+            .env("IDEMGATE__GATEWAY__TENANT_QUOTA__MAX_KEYS", "0"),
+        Case::serve(
             "a TLS listener and a route trusting a private CA",
             &format!(
                 "[tls]\ncert_file = \"{cert_file}\"\nkey_file = \"{key_file}\"\n{}",

@@ -636,3 +636,199 @@ async fn a_postgres_store_with_keys_keeps_responses_sealed_at_rest() {
     assert!(!stored.windows(16).any(|w| w == &response.body[..16]), "the body is not in the clear");
     assert_eq!(existing(&store, &key, &fp).await, Record::Completed { fingerprint: fp, response: Some(response) });
 }
+
+/// `tenant_quota`: the cases below run on stores opened with [`QUOTA`] by
+/// `quota_suite!` (every backend), each with tenants drawn at random.
+mod quota {
+    use super::*;
+    use idemgate::config::TenantQuota;
+    use idemgate::idempotency::TenantId;
+    use idemgate::store::QuotaLimit;
+
+    /// Live keys a tenant may hold in these cases.
+    pub const MAX_KEYS: u64 = 4;
+    /// Stored bytes a tenant may hold: more than one [`awkward_response`], less than two.
+    pub const MAX_BYTES: u64 = 100_000;
+    pub const QUOTA: TenantQuota = TenantQuota { max_keys: MAX_KEYS, max_bytes: MAX_BYTES };
+
+    fn fresh_tenant() -> TenantId {
+        TenantId(rand::random())
+    }
+
+    fn key_of(tenant: TenantId) -> ScopedKey {
+        ScopedKey::from_parts(tenant, rand::random())
+    }
+
+    async fn over_quota<S: Store>(store: &S, key: &ScopedKey) -> QuotaLimit {
+        match store.try_begin(key, &fresh_fingerprint(), Fence::random(), LEASE).await.expect("try_begin") {
+            Begin::OverQuota(limit) => limit,
+            other => panic!("expected the tenant over its quota, got {other:?}"),
+        }
+    }
+
+    pub async fn a_tenant_at_max_keys_is_refused_new_keys_only<S: Store>(store: Arc<S>) {
+        let (tenant, fp) = (fresh_tenant(), fresh_fingerprint());
+        let keys: Vec<ScopedKey> = (0..MAX_KEYS).map(|_| key_of(tenant)).collect();
+        let mut fences = Vec::new();
+        for key in &keys {
+            fences.push(acquire(&*store, key, &fp, LEASE).await);
+        }
+        let response =
+            StoredResponse { status: 200, headers: HeaderMap::new().into(), body: Bytes::from_static(b"ok") };
+        assert!(store.complete(&keys[0], &fp, fences[0], Completion::Response(&response), TTL).await.unwrap());
+
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Keys);
+        assert_eq!(store.get(&keys[0]).await.unwrap().map(|r| matches!(r, Record::Completed { .. })), Some(true));
+        // Its replays and its attempts in flight are decided as ever.
+        assert!(matches!(existing(&*store, &keys[0], &fp).await, Record::Completed { response: Some(_), .. }));
+        assert!(matches!(existing(&*store, &keys[1], &fp).await, Record::InFlight { .. }));
+        assert!(store.renew(&keys[2], fences[2], LEASE).await.unwrap(), "renew in quota");
+        assert!(
+            store.complete(&keys[1], &fp, fences[1], Completion::Response(&response), TTL).await.unwrap(),
+            "a completion is never refused"
+        );
+        // Another tenant is not counted with it.
+        acquire(&*store, &key_of(fresh_tenant()), &fp, LEASE).await;
+        // A release gives a place back.
+        assert!(store.release(&keys[3], fences[3]).await.unwrap());
+        acquire(&*store, &key_of(tenant), &fp, LEASE).await;
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Keys);
+    }
+
+    pub async fn expiry_and_purge_give_a_tenant_its_keys_back<S: Store>(store: Arc<S>) {
+        let (tenant, fp) = (fresh_tenant(), fresh_fingerprint());
+        let keys: Vec<ScopedKey> = (0..MAX_KEYS).map(|_| key_of(tenant)).collect();
+        for key in &keys {
+            let fence = acquire(&*store, key, &fp, LEASE).await;
+            assert!(store.complete(key, &fp, fence, Completion::NotKept, SHORT).await.unwrap());
+        }
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Keys);
+        tokio::time::sleep(PAST_SHORT).await;
+        for _ in 0..MAX_KEYS - 1 {
+            acquire(&*store, &key_of(tenant), &fp, LEASE).await;
+        }
+        let last = key_of(tenant);
+        acquire(&*store, &last, &fp, LEASE).await;
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Keys);
+        assert!(store.purge(&last).await.unwrap());
+        acquire(&*store, &key_of(tenant), &fp, LEASE).await;
+    }
+
+    pub async fn a_tenant_past_max_bytes_is_refused_new_keys_and_its_completions_still_land<S: Store>(store: Arc<S>) {
+        let (tenant, fp, response) = (fresh_tenant(), fresh_fingerprint(), awkward_response());
+        let (first, second) = (key_of(tenant), key_of(tenant));
+        let first_fence = acquire(&*store, &first, &fp, LEASE).await;
+        let second_fence = acquire(&*store, &second, &fp, LEASE).await;
+        assert!(store.complete(&first, &fp, first_fence, Completion::Response(&response), TTL).await.unwrap());
+        // About 70 kB held of 100 kB: a new key still fits.
+        let third = key_of(tenant);
+        acquire(&*store, &third, &fp, LEASE).await;
+        // This one takes the tenant past max_bytes, and lands all the same.
+        assert!(store.complete(&second, &fp, second_fence, Completion::Response(&response), TTL).await.unwrap());
+        assert_eq!(
+            existing(&*store, &second, &fp).await,
+            Record::Completed { fingerprint: fp, response: Some(response) }
+        );
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Bytes);
+        assert!(store.purge(&first).await.unwrap());
+        acquire(&*store, &key_of(tenant), &fp, LEASE).await;
+    }
+
+    pub async fn expired_responses_give_a_tenant_its_bytes_back<S: Store>(store: Arc<S>) {
+        let (tenant, fp, response) = (fresh_tenant(), fresh_fingerprint(), awkward_response());
+        for _ in 0..2 {
+            let key = key_of(tenant);
+            let fence = acquire(&*store, &key, &fp, LEASE).await;
+            assert!(store.complete(&key, &fp, fence, Completion::Response(&response), SHORT).await.unwrap());
+        }
+        assert_eq!(over_quota(&*store, &key_of(tenant)).await, QuotaLimit::Bytes);
+        tokio::time::sleep(PAST_SHORT).await;
+        acquire(&*store, &key_of(tenant), &fp, LEASE).await;
+    }
+
+    pub async fn concurrent_first_requests_never_take_more_than_the_quota<S: Store>(store: Arc<S>) {
+        const CONTENDERS: usize = 24;
+        let tenant = fresh_tenant();
+        let tasks: Vec<_> = (0..CONTENDERS)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store.try_begin(&key_of(tenant), &fresh_fingerprint(), Fence::random(), LEASE).await.unwrap()
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Begin::Acquired { .. } => acquired += 1,
+                Begin::OverQuota(QuotaLimit::Keys) => {}
+                other => panic!("a fresh key answered {other:?}"),
+            }
+        }
+        assert_eq!(acquired, MAX_KEYS as usize, "{CONTENDERS} first requests of one tenant");
+    }
+}
+
+/// Runs every quota case against every backend opened with [`quota::QUOTA`].
+macro_rules! quota_suite {
+    ($($case:ident),* $(,)?) => {
+        mod quota_on_memory {
+            use super::*;
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    super::quota::$case(Arc::new(MemoryStore::default().with_quota(Some(quota::QUOTA)))).await;
+                }
+            )*
+        }
+
+        mod quota_on_redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let store = Arc::into_inner(shared_redis_store().await).expect("one owner");
+                    super::quota::$case(Arc::new(store.with_quota(Some(quota::QUOTA)))).await;
+                }
+            )*
+        }
+
+        mod quota_on_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let schema = TestSchema::create().await;
+                    let url = schema.store_url();
+                    let store = PostgresStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+                    super::quota::$case(Arc::new(store.with_quota(Some(quota::QUOTA)))).await;
+                }
+            )*
+        }
+
+        mod quota_on_redis_cluster {
+            use super::*;
+
+            /// One cluster for all cases, as `on_redis_cluster`.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn every_quota_case_passes() {
+                let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("start the cluster");
+                let url = cluster.url();
+                let store = RedisStore::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+                let store = Arc::new(store.with_quota(Some(quota::QUOTA)));
+                $(
+                    eprintln!("case {}", stringify!($case));
+                    super::quota::$case(store.clone()).await;
+                )*
+            }
+        }
+    };
+}
+
+quota_suite! {
+    a_tenant_at_max_keys_is_refused_new_keys_only,
+    expiry_and_purge_give_a_tenant_its_keys_back,
+    a_tenant_past_max_bytes_is_refused_new_keys_and_its_completions_still_land,
+    expired_responses_give_a_tenant_its_bytes_back,
+    concurrent_first_requests_never_take_more_than_the_quota,
+}

@@ -4,7 +4,10 @@
 //! 1. the body is read whole under its size, time and per-connection memory
 //!    limits *before* any store operation, so a refused request never
 //!    creates a record (and a refused upload still reads its `413`);
-//! 2. `try_begin` acquires the key or reports its record in one atomic step;
+//! 2. `try_begin` acquires the key or reports its record in one atomic step
+//!    (or, for a new key of a tenant over its `tenant_quota`, refuses it
+//!    with `429` and records nothing — never taken for a store failure, so
+//!    `fail_mode = "open"` cannot forward past a quota);
 //! 3. an acquired attempt runs in a tracked task that renews its lease for
 //!    as long as it runs. The client waits for it at most
 //!    `upstream_timeout`, then gets `504` while the attempt goes on until
@@ -118,6 +121,11 @@ pub(super) async fn run<S: Store>(
             answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
         }
         Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
+        Ok(Begin::OverQuota(limit)) => {
+            gateway.metrics.tenant_quota_refusals.with_label_values(&[limit.as_str()]).inc();
+            let problem = Problem::TenantQuota(limit);
+            (Disposition::TenantQuota, problem.to_response())
+        }
         // Boxed: the store-down path (a whole unguarded forward) is rare,
         // and inline it would size every guarded request's future.
         Err(e) => Box::pin(attempt.store_down(e, parts, body)).await,

@@ -335,3 +335,62 @@ fn url_options_are_checked() {
     );
     assert!(MemoryStore::from_url("memory://?max_entries=ten").is_err());
 }
+
+impl MemoryStore {
+    /// What the shards' tenant tallies say, against what their maps hold:
+    /// `(tenants tallied, keys, bytes)` each.
+    fn tenant_accounting(&self) -> ((usize, usize, usize), (usize, usize, usize)) {
+        let mut tallied = (0, 0, 0);
+        let mut held = std::collections::HashMap::<TenantId, (usize, usize)>::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for usage in shard.tenants.iter().flat_map(|t| t.values()) {
+                tallied = (tallied.0 + 1, tallied.1 + usage.keys, tallied.2 + usage.bytes);
+            }
+            for (key, entry) in &shard.map {
+                let tenant = held.entry(key.tenant()).or_default();
+                *tenant = (tenant.0 + 1, tenant.1 + entry.size());
+            }
+        }
+        let keys = held.values().map(|h| h.0).sum();
+        let bytes = held.values().map(|h| h.1).sum();
+        (tallied, (held.len(), keys, bytes))
+    }
+}
+
+/// With a quota, each tenant's tally is what its shard holds, and a tenant
+/// whose records are all gone (released, purged, swept) is forgotten: the
+/// tallies are bounded by the records, not by the tenants ever seen.
+#[tokio::test(start_paused = true)]
+async fn tenant_tallies_follow_the_records_and_forget_tenants_that_hold_nothing() {
+    let store = MemoryStore::default().with_quota(Some(TenantQuota::new(3, u64::MAX)));
+    let fp = Fingerprint([1; 32]);
+    let mut held = Vec::new();
+    for tenant in 0..50u8 {
+        for n in 0..3u8 {
+            let key = ScopedKey::from_parts(TenantId([tenant; 16]), [n; 32]);
+            let fence = Fence::random();
+            assert_eq!(store.try_begin(&key, &fp, fence, LEASE).await.unwrap(), Begin::Acquired { took_over: false });
+            held.push((key, fence));
+        }
+        let fourth = ScopedKey::from_parts(TenantId([tenant; 16]), [9; 32]);
+        assert_eq!(
+            store.try_begin(&fourth, &fp, Fence::random(), LEASE).await.unwrap(),
+            Begin::OverQuota(QuotaLimit::Keys)
+        );
+    }
+    for (i, (key, fence)) in held.iter().enumerate() {
+        match i % 3 {
+            0 => assert!(store.release(key, *fence).await.unwrap()),
+            1 => assert!(store.complete(key, &fp, *fence, Completion::Response(&response(100)), TTL).await.unwrap()),
+            _ => assert!(store.purge(key).await.unwrap()),
+        }
+    }
+    let (tallied, held_now) = store.tenant_accounting();
+    assert_eq!(tallied, held_now);
+    assert_eq!(tallied, (50, 50, 50 * response(100).size()), "one completed record per tenant is left");
+    tokio::time::sleep(TTL * 2).await;
+    store.sweep_for_room(Instant::now());
+    assert_eq!(store.tenant_accounting(), ((0, 0, 0), (0, 0, 0)), "swept: no tenant is remembered");
+    store.assert_accounting_is_exact();
+}
