@@ -89,34 +89,32 @@ class Outbox:
         return port, proc
 
     def start_relay(self, name, schema, sink_port, slow_port=None):
-        admin = free_port()
-        conf = self.workdir / f"{name}.toml"
-        # The relay as shipped: every [relay] knob at its default.
-        conf.write_text(f"""
-admin_listen = "127.0.0.1:{admin}"
-
-[log]
-level = "warn"
-
-[relay]
-database_url = "{DATABASE_URL}"
-schema = "{schema}"
-
+        """The relay to `lt sink` at sink_port (and a slow destination at slow_port)."""
+        destinations = f"""
 [destinations.{DESTINATION}]
 url = "http://127.0.0.1:{sink_port}/deliver"
 """ + ("" if slow_port is None else f"""
 [destinations.{SLOW_DESTINATION}]
 url = "http://127.0.0.1:{slow_port}/deliver"
 timeout = "10s"
-"""))
-        return self.procs.start(name, [str(shared.GATEWAY), "relay", "--config", str(conf)], admin)
+""")
+        return self._relay(name, schema, destinations)
 
     def start_broker_relay(self, name, schema, kind, url, broker):
-        """The relay as shipped, to one broker destination: a NATS stream's `broker.>` subjects or a RabbitMQ exchange."""
-        admin = free_port()
-        conf = self.workdir / f"{name}.toml"
+        """The relay to one broker destination: a NATS stream's `broker.>` subjects or a RabbitMQ exchange."""
         target = (f'subject = "{broker}.{{operation}}"' if kind == "nats"
                   else f'exchange = "{broker}"\nrouting_key = "{{operation}}"')
+        return self._relay(name, schema, f"""
+[destinations.{DESTINATION}]
+kind = "{kind}"
+url = "{url}"
+{target}
+""")
+
+    def _relay(self, name, schema, destinations):
+        """`idemgate relay` as shipped (every [relay] knob at its default) with `destinations`."""
+        admin = free_port()
+        conf = self.workdir / f"{name}.toml"
         conf.write_text(f"""
 admin_listen = "127.0.0.1:{admin}"
 
@@ -126,12 +124,7 @@ level = "warn"
 [relay]
 database_url = "{DATABASE_URL}"
 schema = "{schema}"
-
-[destinations.{DESTINATION}]
-kind = "{kind}"
-url = "{url}"
-{target}
-""")
+""" + destinations)
         return self.procs.start(name, [str(shared.GATEWAY), "relay", "--config", str(conf)], admin)
 
     def delivery_rate(self, schema):

@@ -152,6 +152,36 @@ impl Publisher for Destinations {
     }
 }
 
+/// A broker message's headers, in order: the destination's configured
+/// ones, the message's own (each checked by `allowed`; a name given in
+/// both, in any case, is the message's), and the row's trace context as a
+/// new span (`traceparent`, and `tracestate` when it has one), replacing
+/// any trace headers of the message. The kind adds its own key header last.
+fn message_headers(
+    configured: &[(String, String)],
+    message: &Claimed,
+    allowed: impl Fn(&str, &str) -> Result<(), String>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut set = |name: &str, value: &str| {
+        headers.retain(|(other, _)| !other.eq_ignore_ascii_case(name));
+        headers.push((name.to_owned(), value.to_owned()));
+    };
+    for (name, value) in configured {
+        set(name, value);
+    }
+    for (name, value) in &message.headers {
+        allowed(name, value).map_err(|e| format!("message {e}"))?;
+        set(name, value);
+    }
+    if let Some(trace) = &message.trace {
+        set("traceparent", &trace.child());
+        set("tracestate", trace.tracestate().unwrap_or_default());
+    }
+    headers.retain(|(name, value)| !(name == "tracestate" && value.is_empty()));
+    Ok(headers)
+}
+
 /// Refuses a field that belongs to another kind of destination: set by
 /// mistake, it would otherwise be ignored without a word.
 fn refuse_other_kinds_fields(config: &DestinationConfig) -> Result<(), String> {

@@ -39,7 +39,7 @@ use tokio::sync::Mutex;
 use super::super::claim::Claimed;
 use super::super::retry::Class;
 use super::template::Template;
-use super::{Delivery, Destination};
+use super::{Delivery, Destination, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
 
 /// AMQP's limit on a short string: a routing key, an exchange, a header name.
@@ -146,24 +146,9 @@ impl AmqpDestination {
 
     /// The message's properties: persistent, JSON, its headers and the derived key.
     fn properties(&self, message: &Claimed) -> Result<BasicProperties, String> {
-        let mut headers: Vec<(String, String)> = Vec::new();
-        let mut set = |name: &str, value: &str| {
-            headers.retain(|(other, _)| !other.eq_ignore_ascii_case(name));
-            headers.push((name.to_owned(), value.to_owned()));
-        };
-        for (name, value) in &self.headers {
-            set(name, value);
-        }
-        for (name, value) in &message.headers {
-            header_name(name).map_err(|e| format!("message {e}"))?;
-            set(name, value);
-        }
-        if let Some(trace) = &message.trace {
-            set("traceparent", &trace.child());
-            set("tracestate", trace.tracestate().unwrap_or_default());
-        }
+        let headers = message_headers(&self.headers, message, |name, _| header_name(name))?;
         let mut table = FieldTable::default();
-        for (name, value) in headers.into_iter().filter(|(name, value)| !(name == "tracestate" && value.is_empty())) {
+        for (name, value) in headers {
             let name = ShortString::try_new(name).map_err(|_| "a header name is too long")?;
             table.insert(name, AMQPValue::LongString(LongString::from(value)));
         }

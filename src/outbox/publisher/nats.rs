@@ -44,7 +44,7 @@ use tokio::sync::OnceCell;
 use super::super::claim::Claimed;
 use super::super::retry::Class;
 use super::template::Template;
-use super::{Delivery, Destination};
+use super::{Delivery, Destination, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
 
 /// The header JetStream deduplicates on, carrying the derived key.
@@ -128,33 +128,17 @@ impl NatsDestination {
             .await
     }
 
-    /// The message's headers as published: the configured ones, the
-    /// message's own (a name given in both, in any case, is the message's),
-    /// the row's trace context as a new span (replacing any trace headers
-    /// of the message), and the derived key last.
+    /// The message's headers as published ([`message_headers`]), and the
+    /// derived key last.
     fn headers(&self, message: &Claimed) -> Result<HeaderMap, String> {
-        let mut headers: Vec<(String, String)> = Vec::new();
-        let mut set = |name: &str, value: &str| {
-            headers.retain(|(other, _)| !other.eq_ignore_ascii_case(name));
-            headers.push((name.to_owned(), value.to_owned()));
-        };
-        for (name, value) in &self.headers {
-            set(name, value);
-        }
-        for (name, value) in &message.headers {
-            header(name, value).map_err(|e| format!("message {e}"))?;
-            set(name, value);
-        }
-        if let Some(trace) = &message.trace {
-            set("traceparent", &trace.child());
-            set("tracestate", trace.tracestate().unwrap_or_default());
-        }
-        set(MESSAGE_ID, &message.derived_key);
+        let headers = message_headers(&self.headers, message, |name, value| header(name, value).map(drop))?;
         let mut map = HeaderMap::new();
-        for (name, value) in headers.iter().filter(|(name, value)| !(name == "tracestate" && value.is_empty())) {
+        for (name, value) in &headers {
             let (name, value) = header_unchecked(name, value)?;
             map.insert(name, value);
         }
+        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| "the derived key is not a header value")?;
+        map.insert(MESSAGE_ID, key);
         Ok(map)
     }
 
