@@ -86,7 +86,10 @@ def main():
     parser.add_argument("--binary", default="target/release/idemgate")
     parser.add_argument("--connections", type=int, default=20)
     parser.add_argument("--response-kib", type=int, default=1024)
+    parser.add_argument("--store", default="", help="a store URL (default: the embedded memory store, which "
+                        "holds the stored responses in the gateway's own memory)")
     args = parser.parse_args()
+    args.store_line = f'store = "{args.store}"' if args.store else ""
 
     Upstream.body = os.urandom(args.response_kib * 1024)
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
@@ -98,6 +101,7 @@ def main():
             f.write(f"""
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin}"
+{args.store_line}
 [log]
 level = "warn"
 [gateway]

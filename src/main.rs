@@ -26,7 +26,7 @@ const ENVIRONMENT: &str = "Every setting of the config file can also be set in t
 IDEMGATE__SECTION__FIELD, for example IDEMGATE__GATEWAY__LEASE=10s, IDEMGATE__ADMIN__TOKEN=<16+ characters> \
 or IDEMGATE__STORE=redis://127.0.0.1:6379/0. Flags win over the environment, which wins over the file. \
 Store URLs: memory://, redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, \
-rediss+sentinel://, postgres://. Every Redis form takes ?wait_replicas=N (see docs/stores.md).";
+rediss+sentinel://, postgres://, postgresql://. Every Redis form takes ?wait_replicas=N (see docs/stores.md).";
 
 #[derive(Subcommand)]
 enum Command {
@@ -301,6 +301,20 @@ fn run(command: Command) -> Result<(), String> {
                 }
                 Ok(())
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--help` names the store schemes the config accepts: one list, the
+    /// config's, checked here.
+    #[test]
+    fn the_help_names_every_store_scheme() {
+        for (scheme, _) in idemgate::config::STORE_SCHEMES {
+            assert!(ENVIRONMENT.contains(&format!(" {scheme}://")), "--help lacks {scheme}://");
         }
     }
 }

@@ -39,7 +39,7 @@ pub use load::Overrides;
 pub use quota::TenantQuota;
 pub use relay::{DestinationConfig, DestinationKind, RelayConfig, is_schema_name};
 pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
-pub use secret::{Secret, ServiceUrl, StoreKind};
+pub use secret::{STORE_SCHEMES, Secret, ServiceUrl, StoreKind};
 pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;

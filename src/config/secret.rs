@@ -48,16 +48,33 @@ pub enum StoreKind {
     Postgres,
 }
 
+/// Every scheme a `store` URL may have, and the kind of store it names:
+/// parsing, the error for an unknown scheme and its test read this table.
+pub const STORE_SCHEMES: [(&str, StoreKind); 9] = [
+    ("memory", StoreKind::Memory),
+    ("redis", StoreKind::Redis),
+    ("rediss", StoreKind::Redis),
+    ("redis+cluster", StoreKind::Redis),
+    ("rediss+cluster", StoreKind::Redis),
+    ("redis+sentinel", StoreKind::Redis),
+    ("rediss+sentinel", StoreKind::Redis),
+    ("postgres", StoreKind::Postgres),
+    ("postgresql", StoreKind::Postgres),
+];
+
 impl StoreKind {
     /// The kind `url`'s scheme names, if any.
     pub fn of(url: &str) -> Option<Self> {
-        match scheme_of(url).as_str() {
-            "memory" => Some(Self::Memory),
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
-                Some(Self::Redis)
-            }
-            "postgres" | "postgresql" => Some(Self::Postgres),
-            _ => None,
+        let scheme = scheme_of(url);
+        STORE_SCHEMES.iter().find(|(known, _)| *known == scheme).map(|(_, kind)| *kind)
+    }
+
+    /// Every scheme, as a reader would write them: `memory://, redis://, … or postgresql://`.
+    pub fn schemes() -> String {
+        let all: Vec<String> = STORE_SCHEMES.iter().map(|(scheme, _)| format!("{scheme}://")).collect();
+        match all.split_last() {
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
         }
     }
 }
@@ -138,5 +155,21 @@ impl std::fmt::Debug for ServiceUrl {
 impl Serialize for ServiceUrl {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod scheme_tests {
+    use super::*;
+
+    #[test]
+    fn every_store_scheme_is_named_in_the_error_and_parses_to_its_kind() {
+        let named = StoreKind::schemes();
+        for (scheme, kind) in STORE_SCHEMES {
+            assert!(named.contains(&format!("{scheme}://")), "{named}");
+            assert_eq!(StoreKind::of(&format!("{}://h/", scheme.to_ascii_uppercase())), Some(kind));
+        }
+        assert!(named.ends_with(" or postgresql://"), "{named}");
+        assert_eq!(StoreKind::of("mysql://h/"), None);
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{AdminAuth, Config, ConfigError, OnUnknown};
+use super::{AdminAuth, Config, ConfigError, OnUnknown, StoreKind};
 
 impl Config {
     /// Checks what parsing alone cannot; returns warnings for choices that
@@ -16,10 +16,7 @@ impl Config {
         let g = &self.gateway;
         let mut warnings = Vec::new();
         if self.store.store_kind().is_none() {
-            return invalid(format!(
-                "store {:?}: the scheme must be memory://, redis://, rediss://, redis+cluster://, redis+sentinel:// or postgres://",
-                self.store.redacted()
-            ));
+            return invalid(format!("store {:?}: the scheme must be {}", self.store.redacted(), StoreKind::schemes()));
         }
         if g.lease.0 < Duration::from_millis(100) {
             return invalid(format!("gateway.lease = {}: must be at least 100ms", g.lease));
