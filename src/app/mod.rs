@@ -160,6 +160,7 @@ pub fn limits(config: &Config) -> ServerLimits {
         idle_timeout: g.idle_timeout.0,
         max_streams_per_connection: g.max_streams_per_connection,
         connection_body_budget: g.connection_body_budget.0,
+        connection_response_budget: g.connection_response_budget.0,
         shutdown_grace: g.shutdown_grace.0,
         send_timeout: g.send_timeout.0,
     }

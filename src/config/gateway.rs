@@ -124,6 +124,10 @@ pub struct GatewayConfig {
     /// Request body bytes buffered at once for one client connection (all
     /// its HTTP/2 streams together); at least `max_request_body`.
     pub connection_body_budget: ByteSize,
+    /// Bytes of settled, replayable answers held for one client connection
+    /// until its client takes them (all its HTTP/2 streams together); an
+    /// answer past it gets `503 connection-busy`, and its retry replays.
+    pub connection_response_budget: ByteSize,
     /// Open client connections at most; more wait in the accept queue.
     pub max_connections: usize,
     /// How long shutdown waits for in-flight requests.
@@ -158,6 +162,7 @@ impl Default for GatewayConfig {
             send_timeout: secs(30),
             max_streams_per_connection: 100,
             connection_body_budget: ByteSize(4 << 20),
+            connection_response_budget: ByteSize(16 << 20),
             max_uri_bytes: ByteSize(8 << 10),
             max_header_bytes: ByteSize(32 << 10),
             max_connections: 10_000,

@@ -41,6 +41,12 @@ impl Config {
                 "{name}: on_unknown = \"release\" lets a retry run again a request whose outcome was lost (sent, then no answer): safe only if the upstream deduplicates on the forwarded Idempotency-Key"
             ));
         }
+        if g.connection_response_budget.0 < 64 << 10 {
+            return invalid(format!(
+                "gateway.connection_response_budget = {} must be at least 64KiB (one slice of an answer)",
+                g.connection_response_budget
+            ));
+        }
         if g.connection_body_budget.0 < g.max_request_body.0 {
             return invalid(format!(
                 "gateway.connection_body_budget = {} must be at least gateway.max_request_body = {}",

@@ -89,15 +89,22 @@ impl Default for Activity {
 }
 
 impl Activity {
-    /// A connection that has just been accepted.
+    /// A connection that has just been accepted, with no budget for the
+    /// settled answers it holds ([`Activity::with_response_budget`]).
     pub fn new() -> Self {
+        Self::with_response_budget(u64::MAX)
+    }
+
+    /// A connection that has just been accepted, holding at most `bytes` of
+    /// settled answers for its client ([`super::sending`]).
+    pub fn with_response_budget(bytes: u64) -> Self {
         Self {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(0),
             answered: AtomicBool::new(false),
-            sending: Sending::default(),
+            sending: Sending::with_budget(bytes),
         }
     }
 

@@ -11,8 +11,10 @@
 //!   request in flight for `idle_timeout` is closed ([`super::connection`]);
 //! - at most `max_streams_per_connection` concurrent HTTP/2 streams, as
 //!   many requests still running after their stream was reset
-//!   ([`ConnectionInfo::running`]), and `connection_body_budget` bytes of
-//!   request bodies buffered per connection ([`super::request_body`]);
+//!   ([`ConnectionInfo::running`]), `connection_body_budget` bytes of
+//!   request bodies buffered per connection ([`super::request_body`]), and
+//!   `connection_response_budget` bytes of settled answers held for its
+//!   client ([`super::sending`]);
 //! - a shutdown grace period: on shutdown the listener closes and open
 //!   connections finish their current requests (idle ones close at once).
 //!
@@ -54,6 +56,9 @@ pub struct ServerLimits {
     pub max_streams_per_connection: u32,
     /// Request-body bytes one connection may hold buffered at once.
     pub connection_body_budget: u64,
+    /// Bytes of settled answers one connection may hold for its client
+    /// ([`super::sending`]).
+    pub connection_response_budget: u64,
     /// Time allowed for in-flight work after shutdown starts.
     pub shutdown_grace: Duration,
     /// A connection with a large response that its client has not taken a
@@ -71,6 +76,7 @@ impl ServerLimits {
             idle_timeout: Duration::from_secs(60),
             max_streams_per_connection: 16,
             connection_body_budget: 1 << 20,
+            connection_response_budget: 16 << 20,
             shutdown_grace: Duration::ZERO,
             send_timeout: Duration::from_secs(30),
         }
@@ -115,7 +121,7 @@ pub async fn serve_listener<F, Fut>(
             body_budget: BodyBudget::new(limits.connection_body_budget),
             running: Arc::new(Semaphore::new(limits.max_streams_per_connection as usize)),
         });
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::with_response_budget(limits.connection_response_budget));
         let service = {
             let activity = activity.clone();
             let handle = handle.clone();
@@ -125,7 +131,7 @@ pub async fn serve_listener<F, Fut>(
                 let response = handle(request, connection.clone());
                 let answered = activity.clone();
                 async move {
-                    let response = response.await.map(|body| super::sending::watch(&answered, body));
+                    let response = super::sending::hold(&answered, response.await);
                     answered.answered();
                     drop(in_flight);
                     Ok::<_, std::convert::Infallible>(response)

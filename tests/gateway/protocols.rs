@@ -209,3 +209,50 @@ async fn a_client_that_never_reads_is_dropped_after_the_send_timeout_and_its_rec
     }
     assert_eq!(upstream.total(), STREAMS as u64);
 }
+
+/// Past `connection_response_budget`, a client that does not read is
+/// answered `503 connection-busy` instead of having its answers held:
+/// at most the budget's worth of settled answers waits for it, and every
+/// record is settled, so each retry replays.
+#[tokio::test]
+async fn settled_answers_past_the_connection_budget_are_refused_and_replay() {
+    const STREAMS: usize = 12;
+    let upstream = Upstream::start().await;
+    let mut config = config(&upstream.url(), "memory://");
+    config.gateway.send_timeout = idemgate::config::ConfigDuration(std::time::Duration::from_secs(2));
+    config.gateway.max_stored_response = idemgate::config::ByteSize(2 << 20);
+    config.gateway.connection_response_budget = idemgate::config::ByteSize(4 << 20);
+    let gateway = TestGateway::start(config).await;
+    let stalled = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(0)
+        .build_http::<Full<Bytes>>();
+    let url = format!("http://{}/big?bytes={}", gateway.addr, 1 << 20);
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..STREAMS {
+        let request =
+            Request::post(&url).header("idempotency-key", format!("budget-{n}")).body(Full::new(Bytes::new())).unwrap();
+        let stalled = stalled.clone();
+        calls.spawn(async move {
+            let response = stalled.request(request).await.unwrap();
+            let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            (response.status().as_u16(), retry_after)
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(call) = calls.join_next().await {
+        statuses.push(call.unwrap());
+    }
+    let held = statuses.iter().filter(|(status, _)| *status == 200).count();
+    let busy = statuses.iter().filter(|(status, retry)| *status == 503 && retry.as_deref() == Some("1")).count();
+    assert_eq!(held + busy, STREAMS, "{statuses:?}");
+    assert!(held <= 4, "at most the budget's worth held for the client: {statuses:?}");
+    assert!(busy >= STREAMS - 4, "{statuses:?}");
+    for n in 0..STREAMS {
+        let replay = gateway.post(&format!("/big?bytes={}", 1 << 20)).key(&format!("budget-{n}")).send().await;
+        assert_eq!(replay.status, 200);
+        assert!(replay.replayed(), "every record settled with its answer");
+        assert_eq!(replay.body.len(), 1 << 20);
+    }
+    assert_eq!(upstream.total(), STREAMS as u64, "each key ran once");
+}

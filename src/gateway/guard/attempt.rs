@@ -24,6 +24,7 @@ use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
 use crate::http::request_body::BufferedBody;
+use crate::http::sending::Settled;
 use crate::idempotency::{Completion, Fence, Fingerprint, ScopedKey, StoredResponse};
 use crate::lease::{Abandoned, Lease, Renewal, SettleBounds, Settlement};
 use crate::store::{Store, StoreError};
@@ -110,8 +111,12 @@ impl<S: Store> Attempt<S> {
             Err(error) => Forward::Failed { status: None, error },
         };
         drop(body);
-        let (settle, stored, outcome, response) = self.conclude(forward);
-        self.settle(&mut lease, begun_at, settle, stored).await;
+        let (settle, stored, outcome, mut response) = self.conclude(forward);
+        let kept = stored.is_some();
+        if self.settle(&mut lease, begun_at, settle, stored).await && kept {
+            // The record holds this answer: a retry replays it.
+            response.extensions_mut().insert(Settled);
+        }
         if reply.is_none() {
             tracing::info!(
                 route = %self.route.name,
@@ -227,7 +232,14 @@ impl<S: Store> Attempt<S> {
     /// client waits for it: an answer means the record is settled (or
     /// could not be by the deadline), so a client that retries only after
     /// its answer replays.
-    async fn settle(&self, lease: &mut Lease, begun_at: Instant, settle: Settle, stored: Option<StoredResponse>) {
+    /// Whether the record was settled as asked.
+    async fn settle(
+        &self,
+        lease: &mut Lease,
+        begun_at: Instant,
+        settle: Settle,
+        stored: Option<StoredResponse>,
+    ) -> bool {
         let gateway = &self.gateway;
         let (length, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
         let (operation, completion) = match settle {
@@ -258,11 +270,13 @@ impl<S: Store> Attempt<S> {
                 gateway.metrics.settled_after_lapse.inc();
                 tracing::info!(route = %self.route.name, key = self.hashed.as_deref(),
                     "settled the record after its lease had lapsed: nobody had taken it over");
+                true
             }
-            Ok(true) => {}
+            Ok(true) => true,
             Ok(false) => {
                 gateway.metrics.fence_rejections.with_label_values(&[operation.as_str()]).inc();
                 tracing::warn!(route = %self.route.name, key = self.hashed.as_deref(), "fenced out: the record belongs to a newer attempt; not settled");
+                false
             }
             Err(Abandoned { error: error @ StoreError::Unreplicated { .. }, tries }) => {
                 // The primary holds the completion; only a failover before
@@ -273,12 +287,14 @@ impl<S: Store> Attempt<S> {
                 tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
                     "answering although the replicas did not acknowledge the completed record before its lease would end; \
                      a failover before they catch up loses it, and a retry after that runs the request again");
+                false
             }
             Err(Abandoned { error, tries }) => {
                 gateway.metrics.settle_abandoned.inc();
                 tracing::error!(route = %self.route.name, key = self.hashed.as_deref(), error = %error, tries,
                     "cannot settle the record: the store stayed down past its lease and upstream_deadline; \
                      a retry may run the request again");
+                false
             }
         }
     }
