@@ -272,6 +272,12 @@ impl<S: Store> Gateway<S> {
             Err(problem) => return self.log(None, Disposition::Ambiguous, None, at, problem.to_response()),
         };
         let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
+        // A settled answer its client's connection has no room left for is
+        // dropped now: its record holds it, and the retry replays it.
+        let (outcome, response) = match connection.response_budget.charge(response) {
+            Some(response) => (outcome, response),
+            None => (Disposition::ConnectionBusy, Problem::UnreadAnswers.to_response()),
+        };
         self.log(Some(route), outcome, scoped, at, response)
     }
 

@@ -48,6 +48,9 @@ pub enum Problem {
     /// The connection has `max_streams_per_connection` guarded attempts
     /// still running (streams it reset run on until they settle).
     ConnectionBusy,
+    /// The connection holds `connection_response_budget` of settled
+    /// answers its client has not read; this one is recorded and replays.
+    UnreadAnswers,
     /// The key is new and its tenant holds what `tenant_quota` allows.
     TenantQuota(QuotaLimit),
     /// The request body is over the limit.
@@ -130,7 +133,7 @@ impl Problem {
             Self::KeyMismatch => "key-mismatch",
             Self::RequestInFlight { .. } => "request-in-flight",
             Self::StoreUnavailable => "store-unavailable",
-            Self::ConnectionBusy => "connection-busy",
+            Self::ConnectionBusy | Self::UnreadAnswers => "connection-busy",
             Self::TenantQuota(_) => "tenant-quota",
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::UriTooLong { .. } => "uri-too-long",
@@ -166,7 +169,7 @@ impl Problem {
             | Self::AmbiguousRequest(_) => StatusCode::BAD_REQUEST,
             Self::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RequestInFlight { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable | Self::ConnectionBusy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::ConnectionBusy | Self::UnreadAnswers => StatusCode::SERVICE_UNAVAILABLE,
             Self::TenantQuota(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -200,6 +203,7 @@ impl Problem {
             Self::RequestInFlight { .. } => "A request with this Idempotency-Key is in progress",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::ConnectionBusy => "Too many requests running on this connection",
+            Self::UnreadAnswers => "This connection holds too many unread answers",
             Self::TenantQuota(_) => "Tenant quota reached",
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::UriTooLong { .. } => "URI too long",
@@ -234,6 +238,7 @@ impl Problem {
             Self::KeyMismatch => "This Idempotency-Key was already used with a different method, path, query, body or fingerprinted header. Use a new key for a new request.".into(),
             Self::RequestInFlight { .. } => "The first request with this key has not finished. Retry after the time in Retry-After to get its result.".into(),
             Self::StoreUnavailable => "The request was not forwarded because its key could not be recorded. It is safe to retry.".into(),
+            Self::UnreadAnswers => "This connection already holds as many bytes of answers its client has not read as it may (gateway.connection_response_budget). The request was answered and its record holds the answer: retry after Retry-After to get it.".into(),
             Self::ConnectionBusy => "This connection already has as many guarded requests running upstream as it may have streams (requests whose streams were reset run on until they settle). The request was not forwarded and nothing was recorded; retry after Retry-After.".into(),
             Self::TenantQuota(limit) => format!("This credential's tenant already holds as many {} as its quota allows (tenant_quota.max_{}), so a new Idempotency-Key was not recorded and the request was not forwarded. Retries of keys already used are still answered; new keys are accepted again as stored keys expire.", match limit { QuotaLimit::Keys => "live keys", QuotaLimit::Bytes => "bytes of stored responses" }, limit.as_str()),
             Self::BodyTooLarge { limit } => format!("The request body exceeds the limit of {limit} bytes. It was not forwarded."),
@@ -281,7 +286,7 @@ impl Problem {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         let retry_after = match self {
             Self::RequestInFlight { retry_after } => Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
-            Self::StoreUnavailable | Self::ConnectionBusy => Some(1),
+            Self::StoreUnavailable | Self::ConnectionBusy | Self::UnreadAnswers => Some(1),
             _ => None,
         };
         if let Some(seconds) = retry_after {

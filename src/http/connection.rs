@@ -37,6 +37,9 @@ pub struct ConnectionInfo {
     /// could start any number of upstream calls. As many as the
     /// connection's concurrent streams.
     pub running: Arc<Semaphore>,
+    /// Bytes of settled answers this connection may hold for its client
+    /// (`connection_response_budget`, [`super::sending`]).
+    pub response_budget: super::sending::ResponseBudget,
 }
 
 /// Who sent a request, as the listener saw it.
@@ -89,22 +92,15 @@ impl Default for Activity {
 }
 
 impl Activity {
-    /// A connection that has just been accepted, with no budget for the
-    /// settled answers it holds ([`Activity::with_response_budget`]).
+    /// A connection that has just been accepted.
     pub fn new() -> Self {
-        Self::with_response_budget(u64::MAX)
-    }
-
-    /// A connection that has just been accepted, holding at most `bytes` of
-    /// settled answers for its client ([`super::sending`]).
-    pub fn with_response_budget(bytes: u64) -> Self {
         Self {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(0),
             answered: AtomicBool::new(false),
-            sending: Sending::with_budget(bytes),
+            sending: Sending::default(),
         }
     }
 

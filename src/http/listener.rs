@@ -120,8 +120,9 @@ pub async fn serve_listener<F, Fut>(
             client: ClientInfo::new(addr, tls.is_some()),
             body_budget: BodyBudget::new(limits.connection_body_budget),
             running: Arc::new(Semaphore::new(limits.max_streams_per_connection as usize)),
+            response_budget: super::sending::ResponseBudget::new(limits.connection_response_budget),
         });
-        let activity = Arc::new(Activity::with_response_budget(limits.connection_response_budget));
+        let activity = Arc::new(Activity::new());
         let service = {
             let activity = activity.clone();
             let handle = handle.clone();
@@ -131,7 +132,7 @@ pub async fn serve_listener<F, Fut>(
                 let response = handle(request, connection.clone());
                 let answered = activity.clone();
                 async move {
-                    let response = super::sending::hold(&answered, response.await);
+                    let response = response.await.map(|body| super::sending::watch(&answered, body));
                     answered.answered();
                     drop(in_flight);
                     Ok::<_, std::convert::Infallible>(response)

@@ -27,8 +27,9 @@
 //! gateway — a replay, or a first answer whose record is completed with
 //! it — takes its size from the budget until it is sent or dropped, and
 //! one that finds too little left is dropped at once and answered
-//! `503 connection-busy` with `Retry-After`: its record holds it, so the
-//! retry replays it. An answer larger than the whole budget may take all
+//! `503 connection-busy` with `Retry-After` by the gateway
+//! ([`ResponseBudget::charge`], so its log and metrics say so): its record
+//! holds it, so the retry replays it. An answer larger than the whole budget may take all
 //! of it. Answers that are not settled — streamed, unguarded, or whose
 //! record could not be completed — never get a `503` here: replacing them
 //! would tell a client that an effect did not happen when it did.
@@ -39,12 +40,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::body::{BoxError, ResponseBody, boxed, full};
+use super::body::{BoxError, ResponseBody, boxed};
 use super::connection::Activity;
 
 /// The most a watched body hands over at once: HTTP/2's initial window.
@@ -57,81 +58,78 @@ pub const SLICE: usize = 64 << 10;
 pub struct Settled;
 
 /// The response bodies of one connection still being sent.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Sending {
     /// Per slot, when its body last handed a slice over (`None`: free).
     slots: Mutex<Vec<Option<Instant>>>,
     /// A body started: the watcher has something to watch.
     started: Notify,
-    /// The budget for settled answers, in KiB.
-    budget: Arc<Semaphore>,
-    /// The whole budget, in KiB.
-    budget_kib: u32,
 }
 
-impl Default for Sending {
-    fn default() -> Self {
-        Self::with_budget(u64::MAX)
+/// Watches `body` in its connection's [`Sending`] when it is larger than
+/// a slice (or of unknown size).
+pub fn watch(activity: &Arc<Activity>, body: ResponseBody) -> ResponseBody {
+    if body.size_hint().upper().is_some_and(|upper| upper <= SLICE as u64) {
+        return body;
     }
-}
-
-/// The response as its connection sends it: a body larger than a slice
-/// watched ([`Sending`]), and a [`Settled`] one charged to the budget — or,
-/// when too little of it is left, `503 connection-busy` instead.
-pub fn hold(activity: &Arc<Activity>, response: Response<ResponseBody>) -> Response<ResponseBody> {
-    let (parts, body) = response.into_parts();
-    let hint = body.size_hint();
-    if hint.upper().is_some_and(|upper| upper <= SLICE as u64) {
-        return Response::from_parts(parts, body);
-    }
-    let budget = match (parts.extensions.get::<Settled>(), hint.exact()) {
-        (Some(Settled), Some(size)) => match activity.sending().reserve(size) {
-            Some(permit) => Some(permit),
-            None => return busy(),
-        },
-        _ => None,
-    };
     let slot = activity.sending().register();
-    let body = boxed(Watched { inner: body, pending: None, activity: activity.clone(), slot, _budget: budget });
-    Response::from_parts(parts, body)
+    boxed(Watched { inner: body, pending: None, activity: activity.clone(), slot })
 }
 
-/// The `503 connection-busy` a settled answer gets past the budget.
-fn busy() -> Response<ResponseBody> {
-    let problem = serde_json::json!({
-        "type": format!("{}connection-busy", super::refusal::TYPE_PREFIX),
-        "title": "This connection holds too many unread answers",
-        "status": 503,
-        "detail": "This connection already holds as many bytes of answers its client has not read as it may \
-                   (gateway.connection_response_budget). The request was answered and its record holds the \
-                   answer: retry after Retry-After to get it.",
-    });
-    let mut response = Response::new(full(problem.to_string()));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let headers = response.headers_mut();
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+/// A connection's budget of bytes for the [`Settled`] answers it holds
+/// for its client (`connection_response_budget`), in KiB. Clones share it.
+#[derive(Debug, Clone)]
+pub struct ResponseBudget {
+    permits: Arc<Semaphore>,
+    total_kib: u32,
+}
+
+impl ResponseBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> Self {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).min(Semaphore::MAX_PERMITS as u32);
+        Self { permits: Arc::new(Semaphore::new(kib as usize)), total_kib: kib }
+    }
+
+    /// `response` charged to the budget until its body is sent or dropped,
+    /// when it is [`Settled`] and larger than a slice; `None`, the response
+    /// dropped, when too little of the budget is left. Anything else passes
+    /// untouched. An answer larger than the whole budget may take all of it.
+    pub fn charge(&self, response: Response<ResponseBody>) -> Option<Response<ResponseBody>> {
+        let size = match response.body().size_hint().exact() {
+            Some(size) if size > SLICE as u64 && response.extensions().get::<Settled>().is_some() => size,
+            _ => return Some(response),
+        };
+        let kib = u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX).min(self.total_kib);
+        let permit = self.permits.clone().try_acquire_many_owned(kib).ok()?;
+        Some(response.map(|body| boxed(Charged { inner: body, _permit: permit })))
+    }
+}
+
+/// A body holding its share of a [`ResponseBudget`] until it is dropped.
+struct Charged {
+    inner: ResponseBody,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Body for Charged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 impl Sending {
-    /// A connection's sending state, holding at most `bytes` of settled answers.
-    pub fn with_budget(bytes: u64) -> Self {
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).min(Semaphore::MAX_PERMITS as u32);
-        Self {
-            slots: Mutex::new(Vec::new()),
-            started: Notify::new(),
-            budget: Arc::new(Semaphore::new(kib as usize)),
-            budget_kib: kib,
-        }
-    }
-
-    /// Takes `bytes` (at most the whole budget) from the budget, if that much is left.
-    fn reserve(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).min(self.budget_kib);
-        self.budget.clone().try_acquire_many_owned(kib).ok()
-    }
-
     /// Takes a slot for a body that starts now.
     fn register(&self) -> usize {
         let slot = {
@@ -179,8 +177,6 @@ struct Watched {
     pending: Option<Bytes>,
     activity: Arc<Activity>,
     slot: usize,
-    /// Its share of the connection's budget, given back when it is dropped.
-    _budget: Option<OwnedSemaphorePermit>,
 }
 
 impl Watched {
@@ -244,9 +240,9 @@ mod tests {
     async fn a_large_body_is_handed_over_in_slices_and_its_wait_is_watched() {
         let activity = Arc::new(Activity::new());
         let sending = activity.sending();
-        let small = hold(&activity, Response::new(full(vec![b'x'; SLICE]))).into_body();
+        let small = watch(&activity, full(vec![b'x'; SLICE]));
         assert_eq!(small.collect().await.unwrap().to_bytes().len(), SLICE, "a slice or less is not watched");
-        let mut large = hold(&activity, Response::new(full(vec![b'y'; 3 * SLICE + 1]))).into_body();
+        let mut large = watch(&activity, full(vec![b'y'; 3 * SLICE + 1]));
         let first = large.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(first.len(), SLICE);
         // The client reads nothing more: the watcher fires after the limit.
@@ -270,28 +266,20 @@ mod tests {
         response
     }
 
-    #[tokio::test]
-    async fn settled_answers_past_the_budget_are_answered_busy_and_give_it_back_when_dropped() {
-        let activity = Arc::new(Activity::with_response_budget(4 * SLICE as u64));
-        let first = hold(&activity, settled(2 * SLICE));
-        let second = hold(&activity, settled(2 * SLICE));
-        assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
-        let third = hold(&activity, settled(2 * SLICE));
-        assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE, "the budget is spent");
-        assert_eq!(third.headers()[http::header::RETRY_AFTER], "1");
-        let body = third.into_body().collect().await.unwrap().to_bytes();
-        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(problem["type"], "urn:idemgate:problem:connection-busy");
-        // An answer that is not settled is never replaced, whatever is left.
-        assert_eq!(hold(&activity, Response::new(full(vec![b'u'; 2 * SLICE]))).status(), StatusCode::OK);
-        drop(first);
-        assert_eq!(
-            hold(&activity, settled(2 * SLICE)).status(),
-            StatusCode::OK,
-            "a dropped answer gives its share back"
+    #[test]
+    fn settled_answers_past_the_budget_are_refused_and_give_it_back_when_dropped() {
+        let budget = ResponseBudget::new(4 * SLICE as u64);
+        let first = budget.charge(settled(2 * SLICE)).expect("within the budget");
+        let second = budget.charge(settled(2 * SLICE)).expect("within the budget");
+        assert!(budget.charge(settled(2 * SLICE)).is_none(), "the budget is spent");
+        assert!(budget.charge(settled(SLICE)).is_some(), "a slice or less is not charged");
+        assert!(
+            budget.charge(Response::new(full(vec![b'u'; 2 * SLICE]))).is_some(),
+            "an unsettled answer is never refused"
         );
-        // An answer larger than the whole budget may take all of it.
+        drop(first);
+        assert!(budget.charge(settled(2 * SLICE)).is_some(), "a dropped answer gives its share back");
         drop(second);
-        assert_eq!(hold(&activity, settled(16 * SLICE)).status(), StatusCode::OK);
+        assert!(budget.charge(settled(16 * SLICE)).is_some(), "an answer larger than the budget may take all of it");
     }
 }

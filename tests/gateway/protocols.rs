@@ -248,6 +248,9 @@ async fn settled_answers_past_the_connection_budget_are_refused_and_replay() {
     assert_eq!(held + busy, STREAMS, "{statuses:?}");
     assert!(held <= 4, "at most the budget's worth held for the client: {statuses:?}");
     assert!(busy >= STREAMS - 4, "{statuses:?}");
+    let metrics = gateway.admin("GET", "/metrics").send().await.text();
+    let counted = format!(r#"idemgate_requests_total{{outcome="connection-busy",route="default"}} {busy}"#);
+    assert!(metrics.contains(&counted), "the refusals are counted as such: {counted}\n{metrics}");
     for n in 0..STREAMS {
         let replay = gateway.post(&format!("/big?bytes={}", 1 << 20)).key(&format!("budget-{n}")).send().await;
         assert_eq!(replay.status, 200);
