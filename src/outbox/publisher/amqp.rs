@@ -23,9 +23,11 @@
 //! publish, and again on the next publish after either closed or an
 //! attempt on them went unanswered (a killed broker leaves a connection
 //! that still looks open), so a relay starts while its broker is down and
-//! a broker restart costs the attempts that fail meanwhile, nothing else. The URL's credentials
-//! (`amqp://user:password@host/vhost`) log in; `amqps://` is TLS, verified
-//! against the public roots.
+//! a broker restart costs the attempts that fail meanwhile, nothing else.
+//! The URL's credentials (`amqp://user:password@host/vhost`) log in;
+//! `amqps://` is TLS, verified against the public roots. A TCP connect is
+//! bounded by the destination's `timeout` unless the URL sets
+//! `?connection_timeout=` (milliseconds).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +35,7 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
@@ -47,7 +50,9 @@ const MAX_SHORT: usize = 255;
 
 /// A RabbitMQ (AMQP 0-9-1) destination.
 pub struct AmqpDestination {
-    url: String,
+    /// The broker's URI, credentials included (never printed), with a
+    /// TCP connect timeout.
+    uri: AMQPUri,
     shown: String,
     exchange: ShortString,
     routing_key: Template,
@@ -73,7 +78,13 @@ impl AmqpDestination {
         if !(config.url.starts_with("amqp://") || config.url.starts_with("amqps://")) {
             return Err(format!("url {shown:?} must be an amqp:// or amqps:// URL"));
         }
-        config.url.parse::<lapin::uri::AMQPUri>().map_err(|e| format!("url {shown:?}: {}", printable_error(&e)))?;
+        let mut uri: AMQPUri = config.url.parse().map_err(|e| format!("url {shown:?}: {}", printable_error(&e)))?;
+        // lapin connects on a thread of its own with a blocking connect: to
+        // a host that drops packets that would outlive the attempt by
+        // minutes, one thread per attempt, unless the URI bounds it.
+        if uri.query.connection_timeout.is_none() {
+            uri.query.connection_timeout = Some(u64::try_from(config.timeout.0.as_millis()).unwrap_or(u64::MAX));
+        }
         if config.ca_file.is_some() {
             return Err(
                 "ca_file is not supported for kind = \"amqp\" yet: amqps:// is verified against the public roots"
@@ -91,15 +102,7 @@ impl AmqpDestination {
             header_name(name).map_err(|e| format!("headers: {e}"))?;
             headers.push((name.clone(), value.clone()));
         }
-        Ok(Self {
-            url: config.url.clone(),
-            shown,
-            exchange,
-            routing_key,
-            headers,
-            timeout: config.timeout.0,
-            open: Mutex::new(None),
-        })
+        Ok(Self { uri, shown, exchange, routing_key, headers, timeout: config.timeout.0, open: Mutex::new(None) })
     }
 
     /// The open channel and its generation, opening a connection and a
@@ -117,7 +120,7 @@ impl AmqpDestination {
             close(stale.connection);
         }
         let properties = ConnectionProperties::default().with_connection_name("idemgate-relay".into());
-        let connection = Connection::connect(&self.url, properties)
+        let connection = Connection::connect_uri(self.uri.clone(), properties)
             .await
             .map_err(|e| format!("cannot connect to {}: {}", self.shown, printable_error(&e)))?;
         let channel = connection.create_channel().await.map_err(|e| format!("cannot open a channel: {e}"))?;
@@ -246,4 +249,26 @@ fn header_name(name: &str) -> Result<(), String> {
 /// An error as one line: the broker's texts may hold line breaks.
 fn printable_error(error: &impl std::fmt::Display) -> String {
     error.to_string().replace(['\r', '\n'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConfigDuration, DestinationKind};
+
+    fn destination(url: &str) -> AmqpDestination {
+        let mut config = DestinationConfig::new(url);
+        config.kind = DestinationKind::Amqp;
+        config.exchange = Some("x".into());
+        config.routing_key = Some("k".into());
+        config.timeout = ConfigDuration(Duration::from_secs(3));
+        AmqpDestination::new(&config).expect("a valid destination")
+    }
+
+    #[test]
+    fn a_connect_is_bounded_by_the_timeout_unless_the_url_says_otherwise() {
+        assert_eq!(destination("amqp://127.0.0.1:5672/%2f").uri.query.connection_timeout, Some(3000));
+        let explicit = destination("amqp://127.0.0.1:5672/%2f?connection_timeout=500");
+        assert_eq!(explicit.uri.query.connection_timeout, Some(500));
+    }
 }
