@@ -418,17 +418,7 @@ impl<S: Store> Gateway<S> {
                 trace_id: trace.as_ref().and_then(|id| std::str::from_utf8(id).ok()).unwrap_or("-"),
                 latency_us: started.elapsed().as_micros() as u64,
             };
-            if !request_log::write(&line) {
-                tracing::info!(
-                    route = line.route,
-                    outcome = line.outcome,
-                    status = line.status,
-                    key = line.key,
-                    trace_id = line.trace_id,
-                    latency_us = line.latency_us,
-                    "request"
-                );
-            }
+            request_log::emit(&line);
         }
         response
     }

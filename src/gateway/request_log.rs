@@ -61,8 +61,24 @@ thread_local! {
     static BUFFER: RefCell<(Vec<u8>, u64, [u8; 19])> = const { RefCell::new((Vec::new(), u64::MAX, [0; 19])) };
 }
 
+/// Writes `line`: by hand if [`install`] allowed it, through `tracing` as
+/// an event with the same fields otherwise.
+pub fn emit(line: &Line<'_>) {
+    if !write(line) {
+        tracing::info!(
+            route = line.route,
+            outcome = line.outcome,
+            status = line.status,
+            key = line.key,
+            trace_id = line.trace_id,
+            latency_us = line.latency_us,
+            "request"
+        );
+    }
+}
+
 /// Writes `line` to stderr by hand if [`install`] allowed it; `false` when
-/// the caller must emit it through `tracing` instead.
+/// it must go through `tracing` instead.
 pub fn write(line: &Line<'_>) -> bool {
     let Some(&format) = INSTALLED.get() else { return false };
     BUFFER.with(|cell| {

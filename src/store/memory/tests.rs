@@ -2,6 +2,8 @@
 //! (The behaviour every store shares is in `tests/stores/conformance.rs`.)
 
 use super::*;
+use crate::idempotency::TenantId;
+use crate::store::QuotaLimit;
 use proptest::prelude::*;
 
 fn key(n: u8) -> ScopedKey {
