@@ -54,8 +54,18 @@ pub const SLICE: usize = 64 << 10;
 /// Marks a response whose record holds it (a replay, or a first answer
 /// completed with it): a retry would replay it, so it may be answered
 /// `503 connection-busy` instead when its connection's budget is spent.
+/// Set through [`mark_settled`].
 #[derive(Debug, Clone, Copy)]
 pub struct Settled;
+
+/// Marks `response` [`Settled`] when the budget can concern it: a body
+/// larger than a slice. Smaller ones are never charged, and marking them
+/// would cost every replay an allocation (a response's first extension).
+pub fn mark_settled(response: &mut Response<ResponseBody>) {
+    if response.body().size_hint().exact().is_some_and(|size| size > SLICE as u64) {
+        response.extensions_mut().insert(Settled);
+    }
+}
 
 /// The response bodies of one connection still being sent.
 #[derive(Debug, Default)]

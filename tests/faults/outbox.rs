@@ -85,7 +85,6 @@ async fn stop_relays(stop: CancellationToken, relays: Vec<JoinHandle<()>>) {
     }
 }
 
-/// Waits (bounded) until `ledger` holds `n` committed rows.
 /// A private PostgreSQL with the outbox migrated into the default schema.
 async fn migrated_private_postgres() -> (PostgresProcess, String, Schema) {
     let postgres = tokio::task::spawn_blocking(PostgresProcess::start).await.unwrap();
@@ -94,14 +93,6 @@ async fn migrated_private_postgres() -> (PostgresProcess, String, Schema) {
     let mut client = migrate::connect(&url).await.unwrap();
     migrate::run(&mut client, &schema).await.unwrap();
     (postgres, url, schema)
-}
-
-async fn wait_for_commits(ledger: &Ledger, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ledger.len() < n {
-        assert!(Instant::now() < deadline, "only {} of {n} rows committed", ledger.len());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Sessions on `url` whose `application_name` is `name`.
@@ -138,7 +129,7 @@ async fn postgres_stopped_and_crashed_mid_run_loses_no_row_and_applies_each_effe
     };
 
     for (how, rows) in stops.into_iter().zip(ROWS_BEFORE_FAULTS) {
-        wait_for_commits(&ledger, rows).await;
+        ledger.wait_for(rows).await;
         let down = Duration::from_millis(rng.random_range(200..800));
         eprintln!("{:?}: stopping postgres ({how:?}) for {down:?} after {} commits", started.elapsed(), ledger.len());
         tokio::task::block_in_place(|| postgres.stop(how));
@@ -189,7 +180,7 @@ async fn relays_sigkilled_in_a_loop_while_rows_are_enqueued_lose_no_row_and_appl
         tokio::spawn(async move { enqueue(&url, &name, &workload, &ledger, Duration::from_millis(20)).await })
     };
     for kill in 1..=KILLS {
-        wait_for_commits(&ledger, kill * workload.len() / (KILLS + 1)).await;
+        ledger.wait_for(kill * workload.len() / (KILLS + 1)).await;
         // Publishing again since the last kill, so this one lands mid-run.
         let busy = sink.count() + 10;
         assert!(sink.wait_for(busy, Duration::from_secs(30)).await, "the relays stopped publishing");

@@ -87,12 +87,7 @@ max_attempts = 1000
         tokio::spawn(async move { enqueue(&url, &name, &workload, &ledger, Duration::from_millis(5)).await })
     };
     for kill in 1..=KILLS {
-        let committed = kill * workload.len() / (KILLS + 1);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ledger.len() < committed {
-            assert!(Instant::now() < deadline, "only {} of {committed} rows committed", ledger.len());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        ledger.wait_for(kill * workload.len() / (KILLS + 1)).await;
         let victim = rng.random_range(0..relays.len());
         relays[victim].start_again(); // SIGKILL, then a fresh process
     }

@@ -168,6 +168,18 @@ async fn a_connection_that_resets_its_streams_runs_at_most_its_stream_limit_upst
     assert_eq!(upstream.total() - 4, 4 * u64::from(STREAMS) - refused, "every stream not refused ran once");
 }
 
+/// An h2c client that never opens its flow-control window: it gets
+/// response heads, never a byte of a body.
+fn stalled_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).http2_only(true).http2_initial_stream_window_size(0).build_http()
+}
+
+/// A guarded POST under `key` whose answer is 1 MiB.
+fn big_post(gateway: &TestGateway, key: &str) -> Request<Full<Bytes>> {
+    let url = format!("http://{}/big?bytes={}", gateway.addr, 1 << 20);
+    Request::post(url).header("idempotency-key", key).body(Full::new(Bytes::new())).unwrap()
+}
+
 /// An HTTP/2 client that never opens its flow-control window holds its
 /// responses in the gateway only until `send_timeout`: then the connection
 /// is dropped, and every record on it is settled all the same.
@@ -179,15 +191,10 @@ async fn a_client_that_never_reads_is_dropped_after_the_send_timeout_and_its_rec
     config.gateway.send_timeout = idemgate::config::ConfigDuration(std::time::Duration::from_secs(1));
     config.gateway.max_stored_response = idemgate::config::ByteSize(2 << 20);
     let gateway = TestGateway::start(config).await;
-    let stalled = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .http2_initial_stream_window_size(0)
-        .build_http::<Full<Bytes>>();
-    let url = format!("http://{}/big?bytes={}", gateway.addr, 1 << 20);
+    let stalled = stalled_client();
     let mut calls = tokio::task::JoinSet::new();
     for n in 0..STREAMS {
-        let request =
-            Request::post(&url).header("idempotency-key", format!("unread-{n}")).body(Full::new(Bytes::new())).unwrap();
+        let request = big_post(&gateway, &format!("unread-{n}"));
         let stalled = stalled.clone();
         calls.spawn(async move {
             let response = stalled.request(request).await.unwrap();
@@ -223,15 +230,10 @@ async fn settled_answers_past_the_connection_budget_are_refused_and_replay() {
     config.gateway.max_stored_response = idemgate::config::ByteSize(2 << 20);
     config.gateway.connection_response_budget = idemgate::config::ByteSize(4 << 20);
     let gateway = TestGateway::start(config).await;
-    let stalled = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .http2_initial_stream_window_size(0)
-        .build_http::<Full<Bytes>>();
-    let url = format!("http://{}/big?bytes={}", gateway.addr, 1 << 20);
+    let stalled = stalled_client();
     let mut calls = tokio::task::JoinSet::new();
     for n in 0..STREAMS {
-        let request =
-            Request::post(&url).header("idempotency-key", format!("budget-{n}")).body(Full::new(Bytes::new())).unwrap();
+        let request = big_post(&gateway, &format!("budget-{n}"));
         let stalled = stalled.clone();
         calls.spawn(async move {
             let response = stalled.request(request).await.unwrap();

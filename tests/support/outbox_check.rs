@@ -152,6 +152,15 @@ impl Ledger {
         self.0.lock().unwrap().len()
     }
 
+    /// Waits (bounded, 60 s) until `n` rows are committed.
+    pub async fn wait_for(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.len() < n {
+            assert!(Instant::now() < deadline, "only {} of {n} rows committed", self.len());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn rows(&self) -> Vec<Row> {
         self.0.lock().unwrap().clone()
     }

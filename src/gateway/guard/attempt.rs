@@ -24,7 +24,7 @@ use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
 use crate::http::request_body::BufferedBody;
-use crate::http::sending::Settled;
+use crate::http::sending::mark_settled;
 use crate::idempotency::{Completion, Fence, Fingerprint, ScopedKey, StoredResponse};
 use crate::lease::{Abandoned, Lease, Renewal, SettleBounds, Settlement};
 use crate::store::{Store, StoreError};
@@ -115,7 +115,7 @@ impl<S: Store> Attempt<S> {
         let kept = stored.is_some();
         if self.settle(&mut lease, begun_at, settle, stored).await && kept {
             // The record holds this answer: a retry replays it.
-            response.extensions_mut().insert(Settled);
+            mark_settled(&mut response);
         }
         if reply.is_none() {
             tracing::info!(

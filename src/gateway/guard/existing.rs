@@ -16,7 +16,7 @@ use crate::gateway::{Disposition, StoreOp};
 use crate::http::body::{ResponseBody, full};
 use crate::http::client::UpstreamError;
 use crate::http::request_body::BufferedBody;
-use crate::http::sending::Settled;
+use crate::http::sending::mark_settled;
 use crate::idempotency::{Fingerprint, Record, StoredResponse, decide};
 use crate::store::{Store, StoreError};
 
@@ -105,6 +105,6 @@ fn replay(stored: &StoredResponse) -> Response<ResponseBody> {
     headers.reserve(stored.headers.len() + 1);
     headers.extend(stored.headers.iter().map(|(name, value)| (name.clone(), value.clone())));
     headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response.extensions_mut().insert(Settled);
+    mark_settled(&mut response);
     response
 }

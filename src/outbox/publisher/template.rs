@@ -25,7 +25,7 @@ enum Part {
 }
 
 /// A name of the message that a template can use.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Destination,
     Operation,
@@ -42,12 +42,7 @@ impl Field {
     ];
 
     fn name(self) -> &'static str {
-        match self {
-            Self::Destination => "destination",
-            Self::Operation => "operation",
-            Self::BusinessKey => "business_key",
-            Self::OrderingKey => "ordering_key",
-        }
+        Self::ALL.iter().find(|(_, field)| *field == self).map_or("", |(name, _)| name)
     }
 
     fn of(self, message: &Claimed) -> Option<&str> {
