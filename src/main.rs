@@ -180,30 +180,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The variable Tokio takes its number of worker threads from (one per CPU
-/// the process may use, cgroup quota included, when it is unset).
-const WORKER_THREADS: &str = "TOKIO_WORKER_THREADS";
-
-/// The most worker threads asked for that are taken: beyond, a typo (an
-/// extra zero) would abort the process at start, out of memory for stacks.
-const MAX_WORKER_THREADS: usize = 1024;
-
-/// The number of worker threads `TOKIO_WORKER_THREADS` asks for, read here
-/// because Tokio would panic on a value that is not one.
-fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
-    let Some(value) = value else { return Ok(None) };
-    match value.to_str().map(|text| text.trim().parse::<usize>()) {
-        Some(Ok(threads)) if (1..=MAX_WORKER_THREADS).contains(&threads) => Ok(Some(threads)),
-        _ => Err(format!(
-            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 to \
-             {MAX_WORKER_THREADS}, or unset it for one per CPU"
-        )),
-    }
-}
-
 fn run(command: Command) -> Result<(), String> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = worker_threads(std::env::var_os(WORKER_THREADS))? {
+    if let Some(threads) = idemgate::app::worker_threads(std::env::var_os(idemgate::app::WORKER_THREADS))? {
         runtime.worker_threads(threads);
     }
     let runtime = runtime.enable_all().build().map_err(|e| e.to_string())?;
@@ -250,11 +229,12 @@ fn run(command: Command) -> Result<(), String> {
             // instructions are printed: nothing claims to run that does not.
             let gateway = idemgate::app::build(&config).await.map_err(|e| e.to_string())?;
             let listeners = idemgate::app::Listeners {
-                gateway: bind(config.listen).await.map_err(|e| e.to_string())?,
+                gateway: idemgate::app::bind_gateway(&config).await.map_err(|e| e.to_string())?,
                 admin: bind(config.admin_listen).await.map_err(|e| e.to_string())?,
             };
             let bound = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| e.to_string());
-            let (listen, admin) = (bound(&listeners.gateway)?, bound(&listeners.admin)?);
+            let gateway_listener = listeners.gateway.first().ok_or("no gateway listener")?;
+            let (listen, admin) = (bound(gateway_listener)?, bound(&listeners.admin)?);
             println!("{}", idemgate::demo::instructions(listen, admin, &config));
             idemgate::app::serve_on(listeners, gateway, &config, idemgate::app::shutdown_signal())
                 .await

@@ -58,6 +58,9 @@ pub enum StartError {
     /// The outbox half of the config (database URL, destinations).
     #[error(transparent)]
     OutboxConfig(#[from] crate::outbox::check::CheckError),
+    /// A core thread of `runtime = "per-core"` could not start or stopped.
+    #[error("a core of the per-core runtime failed: {0}")]
+    Core(String),
     /// The relay's task ended abnormally.
     #[error("the outbox relay stopped: {0}")]
     RelayStopped(String),

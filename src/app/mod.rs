@@ -4,9 +4,11 @@
 //! - [`relay`]: `idemgate relay`;
 //! - [`check`]: everything a config is checked for before anything starts,
 //!   the same for `check-config`, `serve` and `relay`;
-//! - [`open_files`]: the open-file limit, raised at start.
+//! - [`open_files`]: the open-file limit, raised at start;
+//! - [`cores`]: `runtime = "per-core"`, one runtime per core thread.
 
 pub mod check;
+mod cores;
 mod error;
 pub mod open_files;
 pub mod relay;
@@ -19,19 +21,19 @@ use tokio::net::TcpListener;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use crate::admin::{Admin, AdminAccess};
-use crate::config::{Config, LogFormat};
+use crate::config::{Config, LogFormat, Runtime};
 use crate::gateway::Gateway;
 use crate::gateway::request_log::{self, LineFormat};
 use crate::gateway::server;
-use crate::http::listener::{ServerLimits, bind};
+use crate::http::listener::{BindError, ServerLimits, bind, bind_shared};
 use crate::log_sink;
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
 
-/// The two listening sockets: client traffic and the admin listener.
+/// The listening sockets: client traffic and the admin listener.
 pub struct Listeners {
-    /// Client traffic.
-    pub gateway: TcpListener,
+    /// Client traffic: one listener, or one per core ([`bind_gateway`]).
+    pub gateway: Vec<TcpListener>,
     /// Health, metrics and the admin API.
     pub admin: TcpListener,
 }
@@ -39,7 +41,7 @@ pub struct Listeners {
 /// Opens the store, binds both listeners and serves until `shutdown` resolves.
 pub async fn serve(config: &Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
     let gateway = build(config).await?;
-    let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
+    let listeners = Listeners { gateway: bind_gateway(config).await?, admin: bind(config.admin_listen).await? };
     gateway.probe_upstreams();
     serve_on(listeners, gateway, config, shutdown).await
 }
@@ -56,7 +58,7 @@ pub async fn serve_with_relay(config: &Config, shutdown: impl Future<Output = ()
     let (relay, listen) = relay::build(config)?;
     // One /metrics for both halves.
     let relay = relay.with_metrics(gateway.metrics().clone());
-    let listeners = Listeners { gateway: bind(config.listen).await?, admin: bind(config.admin_listen).await? };
+    let listeners = Listeners { gateway: bind_gateway(config).await?, admin: bind(config.admin_listen).await? };
     gateway.probe_upstreams();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut relay_task = tokio::spawn(relay.start(listen, stop.clone()));
@@ -98,13 +100,57 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway<AnyStore>>, StartError
     if config.routes.is_empty() {
         return Err(StartError::Missing(check::NO_ROUTES));
     }
+    let store = open_store(config).await?;
+    tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
+    Ok(Arc::new(Gateway::new(config, store, Arc::new(Metrics::new()))?))
+}
+
+/// Opens the store the config names, with its sealing keys and quota.
+async fn open_store(config: &Config) -> Result<AnyStore, StartError> {
     let sealer = crate::store::sealing::Sealer::from_config(&config.store_encryption)?.map(Arc::new);
     let store = AnyStore::open(config.store.expose(), sealer)
         .await
-        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?
-        .with_quota(config.gateway.tenant_quota);
-    tracing::info!(store = store.kind(), routes = config.routes.len(), "store open");
-    Ok(Arc::new(Gateway::new(config, store, Arc::new(Metrics::new()))?))
+        .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
+    Ok(store.with_quota(config.gateway.tenant_quota))
+}
+
+/// Binds the gateway's listener as `runtime` wants it: one, or one per
+/// core thread sharing the address (`SO_REUSEPORT`). Port 0 is chosen once.
+pub async fn bind_gateway(config: &Config) -> Result<Vec<TcpListener>, BindError> {
+    match config.runtime {
+        Runtime::WorkStealing => Ok(vec![bind(config.listen).await?]),
+        Runtime::PerCore => bind_shared(config.listen, threads()).await,
+    }
+}
+
+/// The variable Tokio takes its number of worker threads from; it sets
+/// the number of core threads of `runtime = "per-core"` too.
+pub const WORKER_THREADS: &str = "TOKIO_WORKER_THREADS";
+
+/// The most worker threads asked for that are taken: beyond, a typo (an
+/// extra zero) would abort the process at start, out of memory for stacks.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
+/// The number of worker threads `TOKIO_WORKER_THREADS` asks for, read
+/// here because Tokio would panic on a value that is not one.
+pub fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
+    let Some(value) = value else { return Ok(None) };
+    match value.to_str().map(|text| text.trim().parse::<usize>()) {
+        Some(Ok(threads)) if (1..=MAX_WORKER_THREADS).contains(&threads) => Ok(Some(threads)),
+        _ => Err(format!(
+            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 to \
+             {MAX_WORKER_THREADS}, or unset it for one per CPU"
+        )),
+    }
+}
+
+/// Threads to serve on: `TOKIO_WORKER_THREADS` (the binary refuses a bad
+/// value at start), or one per CPU the process may use.
+pub fn threads() -> usize {
+    worker_threads(std::env::var_os(WORKER_THREADS))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Serves a built gateway on bound listeners (tests bind port 0). The admin
@@ -124,7 +170,7 @@ pub async fn serve_on(
         (Some(cert), Some(key)) => Some(crate::http::tls::acceptor(cert, key)?),
         _ => None,
     };
-    let address = listeners.gateway.local_addr().ok();
+    let address = listeners.gateway.first().and_then(|l| l.local_addr().ok());
     let admin_address = listeners.admin.local_addr().ok();
     let own = admin_address.unwrap_or(config.admin_listen);
     tracing::info!(listen = ?address, admin = ?admin_address, tls = tls.is_some(), "idemgate gateway listening");
@@ -136,10 +182,34 @@ pub async fn serve_on(
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;
     }));
-    server::serve(listeners.gateway, gateway, limits(config), tls, shutdown).await;
+    let limits = limits(config);
+    let served = match config.runtime {
+        Runtime::PerCore => cores::serve(listeners.gateway, gateway, config, limits, tls, shutdown).await,
+        Runtime::WorkStealing => {
+            // A set, so that a caller dropping this future stops them too.
+            let slots = limits.connection_slots();
+            let stop = tokio_util::sync::CancellationToken::new();
+            let mut serving = tokio::task::JoinSet::new();
+            for listener in listeners.gateway {
+                let stopped = stop.clone().cancelled_owned();
+                serving.spawn(server::serve(
+                    listener,
+                    gateway.clone(),
+                    limits.clone(),
+                    slots.clone(),
+                    tls.clone(),
+                    stopped,
+                ));
+            }
+            shutdown.await;
+            stop.cancel();
+            serving.join_all().await;
+            Ok(())
+        }
+    };
     let _ = stop_admin.send(());
     let _ = admin_task.await;
-    Ok(())
+    served
 }
 
 /// The outbox database the admin API lists dead rows from, when the config

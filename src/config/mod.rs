@@ -75,6 +75,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where the admin API, metrics and health checks listen.
     pub admin_listen: SocketAddr,
+    /// How the gateway spreads its work over the CPUs (see [`Runtime`]).
+    pub runtime: Runtime,
     /// The key store: `memory://`, `redis://…`, `rediss://…`, `redis+cluster://…`,
     /// `redis+sentinel://…`.
     pub store: ServiceUrl,
@@ -101,6 +103,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            runtime: Runtime::default(),
             store: ServiceUrl::new("memory://"),
             tls: TlsConfig::default(),
             log: LogConfig::default(),
@@ -110,6 +113,30 @@ impl Default for Config {
             store_encryption: StoreEncryptionConfig::default(),
             relay: RelayConfig::default(),
             destinations: BTreeMap::new(),
+        }
+    }
+}
+
+/// How the gateway spreads its work over the CPUs. The number of threads
+/// is one per CPU the process may use, or `TOKIO_WORKER_THREADS`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtime {
+    /// One single-threaded runtime per thread, each with its own listener
+    /// (`SO_REUSEPORT`: the kernel spreads connections), upstream pools
+    /// and store connection; a connection stays on the thread that took it.
+    PerCore,
+    /// One pool of worker threads that take work from each other.
+    #[default]
+    WorkStealing,
+}
+
+impl Runtime {
+    /// The name a config file uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PerCore => "per-core",
+            Self::WorkStealing => "work-stealing",
         }
     }
 }

@@ -130,7 +130,7 @@ pub struct Gateway<S> {
     fingerprint: FingerprintPolicy,
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
-    recent: recent::Recent,
+    recent: Arc<recent::Recent>,
     store_series: StoreSeries,
 }
 
@@ -195,9 +195,19 @@ impl<S: Store> Gateway<S> {
             },
             tasks: TaskTracker::new(),
             metrics,
-            recent: recent::Recent::new(),
+            recent: Arc::new(recent::Recent::new()),
             store_series: StoreSeries::default(),
         })
+    }
+
+    /// Another gateway from the same config, on its own `store` (its own
+    /// connections), with its own upstream pools and attempt tracker, and
+    /// this one's metrics and recent outcomes: one per core
+    /// (`crate::app::cores`).
+    pub fn sibling(&self, config: &Config, store: S) -> Result<Self, BuildError> {
+        let mut sibling = Self::new(config, store, self.metrics.clone())?;
+        sibling.recent = self.recent.clone();
+        Ok(sibling)
     }
 
     /// The store (admin API, readiness).

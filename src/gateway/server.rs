@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::Gateway;
@@ -13,11 +14,12 @@ use crate::http::listener::{ServerLimits, serve_listener};
 use crate::store::Store;
 
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains
-/// connections and upstream attempts.
+/// connections and upstream attempts. Open connections hold `slots`.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     gateway: Arc<Gateway<S>>,
     limits: ServerLimits,
+    slots: Arc<Semaphore>,
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -26,7 +28,7 @@ pub async fn serve<S: Store>(
         let gateway = handler.clone();
         async move { gateway.handle(request, &connection).await }
     };
-    serve_listener(listener, "gateway", &limits, tls, handle, shutdown).await;
+    serve_listener(listener, "gateway", &limits, slots, tls, handle, shutdown).await;
     gateway.tasks().close();
     let grace = limits.shutdown_grace;
     if tokio::time::timeout(grace, gateway.tasks().wait()).await.is_err() {

@@ -81,15 +81,24 @@ impl ServerLimits {
             send_timeout: Duration::from_secs(30),
         }
     }
+
+    /// The `max_connections` slots open connections hold: one set for all
+    /// the listeners that share the limit.
+    pub fn connection_slots(&self) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(self.max_connections))
+    }
 }
 
 /// The one accept loop: serves `handle` on every connection of `listener`
 /// under `limits` until `shutdown` resolves, then lets open connections
-/// finish their requests for up to `limits.shutdown_grace`.
+/// finish their requests for up to `limits.shutdown_grace`. Each open
+/// connection holds one of `slots` (`max_connections` of them, shared by
+/// the listeners of one process: see [`bind_shared`]).
 pub async fn serve_listener<F, Fut>(
     listener: TcpListener,
     name: &'static str,
     limits: &ServerLimits,
+    slots: Arc<Semaphore>,
     tls: Option<TlsAcceptor>,
     handle: F,
     shutdown: impl Future<Output = ()>,
@@ -104,7 +113,6 @@ pub async fn serve_listener<F, Fut>(
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
     let builders =
         Arc::new(Builders { http1: builder.clone().http1_only(), http2: builder.clone().http2_only(), builder });
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
     let mut accept_errors = AcceptErrors::default();
@@ -365,7 +373,9 @@ pub async fn serve_internal<F, Fut>(
     Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
 {
     let handle = move |request, _: Arc<ConnectionInfo>| handle(request);
-    serve_listener(listener, name, &ServerLimits::internal(), None, handle, shutdown).await;
+    let limits = ServerLimits::internal();
+    let slots = limits.connection_slots();
+    serve_listener(listener, name, &limits, slots, None, handle, shutdown).await;
 }
 
 /// A listener that could not be bound.
@@ -385,6 +395,35 @@ pub struct BindError {
 pub async fn bind(address: SocketAddr) -> Result<TcpListener, BindError> {
     crate::log_sink::flush();
     TcpListener::bind(address).await.map_err(|source| BindError { address, source })
+}
+
+/// Binds `count` listeners on one address with `SO_REUSEPORT`, so that the
+/// kernel spreads new connections over them (one per core: see
+/// `crate::app::cores`). Port 0 is chosen once, by the first. Another
+/// socket can join the group only from the same user.
+pub async fn bind_shared(address: SocketAddr, count: usize) -> Result<Vec<TcpListener>, BindError> {
+    crate::log_sink::flush();
+    let mut listeners: Vec<TcpListener> = Vec::with_capacity(count);
+    let mut at = address;
+    for _ in 0..count.max(1) {
+        let listener = reuse_port(at).map_err(|source| BindError { address: at, source })?;
+        at = listener.local_addr().map_err(|source| BindError { address: at, source })?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+fn reuse_port(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket.bind(address)?;
+    // The same backlog as `TcpListener::bind`.
+    socket.listen(1024)
 }
 
 #[cfg(test)]

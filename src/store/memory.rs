@@ -116,7 +116,7 @@ impl MemoryStore {
     /// Enforces `quota` per tenant (see the module docs). Records already
     /// held are dropped: they were filed by key, not by tenant, and the
     /// quota is set before the store serves.
-    pub fn with_quota(self, quota: Option<TenantQuota>) -> Self {
+    pub fn with_quota(&self, quota: Option<TenantQuota>) -> Self {
         let mut store =
             Self::with_sweep_interval(self.budgets.entries.limit(), self.budgets.bytes.limit(), self.sweep_every);
         for shard in &store.shards {

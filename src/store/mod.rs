@@ -182,8 +182,8 @@ pub trait Store: Send + Sync + 'static {
 
 /// The backend chosen by the store URL's scheme.
 pub enum AnyStore {
-    /// `memory://`
-    Memory(memory::MemoryStore),
+    /// `memory://`: one per process, whichever gateways share it.
+    Memory(Arc<memory::MemoryStore>),
     /// `redis://`, `rediss://`, `redis+cluster://`, `redis+sentinel://`
     Redis(Box<redis::RedisStore>),
     /// `postgres://`, `postgresql://`
@@ -196,7 +196,7 @@ impl AnyStore {
     /// networked stores keep responses encrypted at rest.
     pub async fn open(url: &str, sealer: Option<Arc<Sealer>>) -> Result<Self, StoreError> {
         match StoreKind::of(url) {
-            Some(StoreKind::Memory) => Ok(Self::Memory(memory::MemoryStore::from_url(url)?)),
+            Some(StoreKind::Memory) => Ok(Self::Memory(Arc::new(memory::MemoryStore::from_url(url)?))),
             Some(StoreKind::Redis) => Ok(Self::Redis(Box::new(redis::RedisStore::open(url).await?.sealed(sealer)))),
             Some(StoreKind::Postgres) => Ok(Self::Postgres(postgres::PostgresStore::open(url).await?.sealed(sealer))),
             None => Err(unsupported(url)),
@@ -208,9 +208,21 @@ impl AnyStore {
     /// tenant's records live ([`redis::RedisStore::with_quota`]).
     pub fn with_quota(self, quota: Option<TenantQuota>) -> Self {
         match self {
-            Self::Memory(s) => Self::Memory(s.with_quota(quota)),
+            Self::Memory(s) => Self::Memory(Arc::new(s.with_quota(quota))),
             Self::Redis(s) => Self::Redis(Box::new(s.with_quota(quota))),
             Self::Postgres(s) => Self::Postgres(s.with_quota(quota)),
+        }
+    }
+
+    /// The same store for another gateway of this process (one per core,
+    /// `crate::app::cores`): the memory store and the Postgres pool are
+    /// shared; a Redis store is not (`None`), so that each core opens its
+    /// own connection, driven by the core that uses it.
+    pub fn share(&self) -> Option<Self> {
+        match self {
+            Self::Memory(s) => Some(Self::Memory(s.clone())),
+            Self::Postgres(s) => Some(Self::Postgres(s.clone())),
+            Self::Redis(_) => None,
         }
     }
 

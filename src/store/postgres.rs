@@ -155,7 +155,8 @@ const CLEANUP: &str = "
 DELETE FROM idemgate.gateway_keys WHERE key IN (
     SELECT key FROM idemgate.gateway_keys WHERE expires_at < clock_timestamp() LIMIT $1)";
 
-/// See the module docs.
+/// See the module docs. A clone shares the pool.
+#[derive(Clone)]
 pub struct PostgresStore {
     codec: RecordCodec,
     db: Arc<Database>,

@@ -50,6 +50,7 @@ pub(super) struct CompletedFields {
 }
 
 /// Reads and writes records for one backend, sealing responses when keys are set.
+#[derive(Clone)]
 pub(super) struct RecordCodec {
     /// Names the backend in corruption errors (`"redis record"`).
     source: &'static str,

@@ -238,18 +238,23 @@ async fn settled_answers_past_the_connection_budget_are_refused_and_replay() {
         calls.spawn(async move {
             let response = stalled.request(request).await.unwrap();
             let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
-            (response.status().as_u16(), retry_after)
+            ((response.status().as_u16(), retry_after), response)
         });
     }
-    let mut statuses = Vec::new();
+    // The responses are kept, unread: one dropped would reset its stream
+    // and give its share of the budget back before the others are answered.
+    let (mut statuses, mut unread) = (Vec::new(), Vec::new());
     while let Some(call) = calls.join_next().await {
-        statuses.push(call.unwrap());
+        let (status, response) = call.unwrap();
+        statuses.push(status);
+        unread.push(response);
     }
     let held = statuses.iter().filter(|(status, _)| *status == 200).count();
     let busy = statuses.iter().filter(|(status, retry)| *status == 503 && retry.as_deref() == Some("1")).count();
     assert_eq!(held + busy, STREAMS, "{statuses:?}");
     assert!(held <= 4, "at most the budget's worth held for the client: {statuses:?}");
     assert!(busy >= STREAMS - 4, "{statuses:?}");
+    drop(unread);
     let metrics = gateway.admin("GET", "/metrics").send().await.text();
     let counted = format!(r#"idemgate_requests_total{{outcome="connection-busy",route="default"}} {busy}"#);
     assert!(metrics.contains(&counted), "the refusals are counted as such: {counted}\n{metrics}");

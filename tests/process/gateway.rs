@@ -245,6 +245,36 @@ async fn a_bad_worker_thread_count_exits_2_and_a_good_one_serves() {
     assert_eq!(workers, 5, "one Tokio worker thread per TOKIO_WORKER_THREADS");
 }
 
+/// `runtime = "per-core"`: one thread per core, each with its own
+/// listener, and one memory store between them, so that a key whose
+/// retries arrive on fresh connections (spread by the kernel over the
+/// cores' listeners) still reaches the upstream once.
+#[tokio::test]
+async fn per_core_runs_a_thread_per_core_and_a_key_is_one_key_across_cores() {
+    const CALLS: usize = 48;
+    let upstream = Upstream::start().await;
+    let env = [("IDEMGATE__RUNTIME", "per-core"), ("TOKIO_WORKER_THREADS", "3")];
+    let gateway = GatewayProcess::start(&upstream.url(), "memory://", &env);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.child.id())).expect("the gateway's threads");
+    let cores = tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("idemgate-core"))
+        .count();
+    assert_eq!(cores, 3, "one core thread per TOKIO_WORKER_THREADS");
+    // Each call on a connection of its own (a client per call).
+    let calls: Vec<_> = (0..CALLS).map(|_| tokio::spawn(charge(gateway.addr, "/slow?ms=300", "k-cores"))).collect();
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.unwrap().expect("answered").status);
+    }
+    assert_eq!(upstream.count_for("k-cores"), 1, "one effect, whichever core each call landed on: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+    for _ in 0..12 {
+        assert!(gateway.charge("/slow?ms=300", "k-cores").await.replayed(), "every core replays the stored answer");
+    }
+    assert_eq!(upstream.total(), 1);
+}
+
 /// A gateway SIGKILLed mid-call leaves an in-flight record; another gateway
 /// refuses the key while the lease lives, then takes it over. The second
 /// execution is what a lost gateway costs, and the upstream sees the same

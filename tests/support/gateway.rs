@@ -28,12 +28,19 @@ pub struct TestGateway {
 }
 
 impl TestGateway {
-    pub async fn start(config: Config) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
+    /// Serves `config` on port 0 (and its admin listener on another), with
+    /// the runtime `IDEMGATE__RUNTIME` names when it is set: CI runs the
+    /// gateway suites under each runtime.
+    pub async fn start(mut config: Config) -> Self {
+        config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        if let Some(runtime) = runtime_from_env() {
+            config.runtime = runtime;
+        }
+        let gateway = idemgate::app::bind_gateway(&config).await.unwrap();
+        let addr = gateway[0].local_addr().unwrap();
         let admin = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let admin_addr = admin.local_addr().unwrap();
-        let listeners = idemgate::app::Listeners { gateway: listener, admin };
+        let listeners = idemgate::app::Listeners { gateway, admin };
         let (stop, stopped) = oneshot::channel::<()>();
         let gateway = idemgate::app::build(&config).await.expect("gateway builds");
         let task = tokio::spawn(async move {
@@ -68,6 +75,13 @@ impl TestGateway {
         let request = Request::builder().method(method).uri(format!("http://{}{path}", self.admin_addr));
         Call { gateway: self, request, body: Bytes::new() }
     }
+}
+
+/// The runtime `IDEMGATE__RUNTIME` names (as a config file would), if set.
+pub fn runtime_from_env() -> Option<idemgate::config::Runtime> {
+    let name = std::env::var("IDEMGATE__RUNTIME").ok()?;
+    let runtime = toml::Value::String(name.clone());
+    Some(runtime.try_into().unwrap_or_else(|e| panic!("IDEMGATE__RUNTIME={name:?}: {e}")))
 }
 
 impl Drop for TestGateway {
