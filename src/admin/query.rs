@@ -5,6 +5,12 @@
 //! `?tenant=Bearer+abc` means `Bearer abc`) and `%2B` is a `+`. A path
 //! segment keeps `+` as it is, because keys may contain `+`.
 
+use std::borrow::Cow;
+
+use percent_encoding::percent_decode_str;
+
+use crate::http::path::escape_at;
+
 /// Decodes `%XX` escapes in a path segment; `+` stays `+`. `None` for a
 /// broken escape or invalid UTF-8.
 pub(super) fn percent_decode(text: &str) -> Option<String> {
@@ -17,28 +23,18 @@ fn query_value_decode(text: &str) -> Option<String> {
     decode(text, true)
 }
 
+/// The crate's decoding, stricter: a `%` that starts no escape is refused
+/// (the crate passes it through), as the gateway's own paths refuse it.
 fn decode(text: &str, plus_is_space: bool) -> Option<String> {
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            byte => {
-                out.push(byte);
-                i += 1;
-            }
-        }
+    if (0..bytes.len()).any(|at| bytes[at] == b'%' && escape_at(&bytes[at..]).is_none()) {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let text = match plus_is_space {
+        true => Cow::Owned(text.replace('+', " ")),
+        false => Cow::Borrowed(text),
+    };
+    percent_decode_str(&text).decode_utf8().ok().map(Cow::into_owned)
 }
 
 /// The decoded value of query parameter `name`, if present once.
