@@ -32,6 +32,15 @@ pub enum Model {
     WorkStealing,
 }
 
+impl Model {
+    fn name(self) -> &'static str {
+        match self {
+            Model::PerCore => "per-core",
+            Model::WorkStealing => "work-stealing",
+        }
+    }
+}
+
 /// The flags both floors take: `--listen`, `--runtime`, `--threads`, `--lifetime-ms`.
 pub struct Settings {
     pub listen: SocketAddr,
@@ -67,8 +76,10 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     println!(
-        "{{\"listening\":\"{}\",\"runtime\":\"{:?}\",\"threads\":{}}}",
-        settings.listen, settings.model, settings.threads
+        "{{\"listening\":\"{}\",\"runtime\":\"{}\",\"threads\":{}}}",
+        settings.listen,
+        settings.model.name(),
+        settings.threads
     );
     match settings.model {
         Model::WorkStealing => {
