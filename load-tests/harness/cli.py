@@ -46,6 +46,10 @@ def main(doc):
     parser.add_argument("--debug", action="store_true",
                         help="build and run debug binaries: quick to build, so CI runs --smoke --debug to keep the "
                              "harness working; the figures then mean nothing")
+    parser.add_argument("--runtimes", default="",
+                        help="comma-separated idemgate runtimes (per-core,work-stealing): each gateway of P1-P4, "
+                             "P6, P11 and T1 runs once per runtime, config field `runtime` written, rows side by "
+                             "side; default: the field is not written (the binary's default runtime)")
     parser.add_argument("--out", help="results file (default results/latest.md, smoke: results/smoke.md)")
     args = parser.parse_args()
     # wrk takes whole seconds.
@@ -54,27 +58,33 @@ def main(doc):
     args.rounds = args.rounds or (1 if args.smoke else 3)
     only = {s.strip().upper() for s in args.only.split(",") if s.strip()}
     wanted = lambda sid: not only or sid in only
+    args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    unknown = [r for r in args.runtimes if r not in ("per-core", "work-stealing")]
+    if unknown or len(set(args.runtimes)) != len(args.runtimes):
+        parser.error(f"--runtimes: per-core and/or work-stealing, each once (got {','.join(args.runtimes)})")
     out = Path(args.out) if args.out else HERE / "results" / ("smoke.md" if args.smoke else "latest.md")
 
     use_profile("debug" if args.debug else "release")
     if args.idemgate:
         shared.GATEWAY = Path(args.idemgate).resolve()
     started = time.time()
-    load_before = os.getloadavg()[0]
     nginx = ensure_tools(args)
     build(args)
+    # After the build, which would otherwise count as the machine's own load.
+    load_before = os.getloadavg()[0]
+    say(f"load average {load_before:.2f} before the scenarios")
     for binary in (shared.GATEWAY, shared.LT, shared.OUTBOX_BENCH):
         if not binary.exists():
             sys.exit(f"{binary} is missing: run without --no-build")
     if not nginx:
-        say("nginx is not installed: the nginx reference (P1 ratio, P3, P4, P6, P11) is skipped")
+        say("nginx is not installed: the nginx reference (P1 ratio, P3, P4, P6, P11, T1) is skipped")
     workdir = Path(tempfile.mkdtemp(prefix="idemgate-lt-"))
     procs = Processes(workdir, args.pin and args.pin_servers)
-    stack = Stack(procs, nginx, workdir)
+    stack = Stack(procs, nginx, workdir, args.runtimes or [None])
     runner = Runner(args, stack)
     correct = True
     try:
-        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "P11", "D1")):
+        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "P11", "T1", "D1")):
             correct = gateway_scenarios(runner, stack, procs, nginx, wanted, workdir)
         if any(wanted(s) for s in ("P7", "B1", "B2", "P8", "P9", "R1", "E1", "E2", "E3", "E4")):
             outbox_scenarios(runner, procs, workdir, wanted)
@@ -85,7 +95,8 @@ def main(doc):
     out.write_text(text)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     (out.parent / f"{'smoke' if args.smoke else 'full'}-{stamp}.md").write_text(text)
-    say(f"results: {out} ({time.time() - started:.0f} s)")
+    say(f"results: {out} ({time.time() - started:.0f} s); load average {load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after")
     print(summary, flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(0 if correct else 1)

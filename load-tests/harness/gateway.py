@@ -1,12 +1,13 @@
-"""The gateway's scenarios, P1–P6, P10 and P11 (PERFORMANCE.md), against one set of servers.
+"""The gateway's scenarios, P1–P6, P10, P11 and T1 (PERFORMANCE.md), against one set of servers.
 
-P1–P4 throughput (wrk, interleaved with their references), P5 correctness
+gateway_scenarios starts the servers once for all of them (the upstream,
+nginx, the floors, Redis and the gateways, once per --runtimes entry) and
+returns P5's verdict, the one result that fails a run. The throughput
+scenarios (P1–P4, P11, T1) are in throughput.py; here are P5 correctness
 (`lt burst` on one key, memory and Redis), P6 latency at a fixed rate
 (`lt rate`), P10 memory at 1,000 connections (`lt hold`, then wrk), and D1,
 the cost of `?wait_replicas=1` (first requests on Redis with a replica,
 N = 1 against N = 0: a measurement, no target).
-gateway_scenarios starts the servers once for all of them and returns
-P5's verdict, the one result that fails a run.
 """
 
 import argparse
@@ -17,7 +18,9 @@ import time
 
 from . import shared
 from .shared import NONCE, free_port, rss_kib, say
-from .measuring import lt, met_if, ratio_of, summarize, wrk
+from .measuring import lt, ratio_of, summarize, wrk
+from .setup import gateway_name
+from .throughput import labelled, throughput
 
 
 def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
@@ -37,15 +40,23 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
   server {{ listen 127.0.0.1:PORT; location / {{
     proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}"""
         stack.start_nginx("nginx-proxy", proxy)
-        if wanted("P1"):
-            # P1 with logs: nginx's access log and idemgate's default request log, each to a file.
+        if wanted("P1") or wanted("P11"):
+            # P1 and P11 with logs: nginx's access log and idemgate's default request log, each to a file.
             stack.start_nginx("nginx-proxy-logged", proxy, access_log=True)
+    if any(wanted(s) for s in ("P1", "P4", "P11", "T1")):
+        # The floors (lt's own): the minimal hyper proxy per core and work-stealing, and the replay floor.
+        stack.start_floor("floor-proxy", "floor-proxy", "per-core", up)
+        stack.start_floor("floor-proxy-ws", "floor-proxy", "work-stealing", up)
+        stack.start_floor("floor-answer", "floor-answer", "per-core")
     stack.redis_url = stack.start_redis()
-    stack.start_gateway("gw-memory", "memory://?max_entries=10000000&max_bytes=2GiB", up)
-    stack.start_gateway("gw-redis", stack.redis_url, up)
-    if wanted("P1"):
-        stack.start_gateway("gw-logged", "memory://", up, request_log=True)
-    if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P11")):
+    for runtime in stack.runtimes:
+        stack.start_gateway(gateway_name("gw-memory", runtime), "memory://?max_entries=10000000&max_bytes=2GiB", up,
+                            runtime=runtime)
+        stack.start_gateway(gateway_name("gw-redis", runtime), stack.redis_url, up, runtime=runtime)
+        if wanted("P1") or wanted("P11"):
+            stack.start_gateway(gateway_name("gw-logged", runtime), "memory://", up, request_log=True,
+                                runtime=runtime)
+    if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P11", "T1")):
         throughput(runner, stack, bool(nginx), wanted)
     if wanted("P5"):
         correct = correctness(runner, stack, procs)
@@ -58,55 +69,6 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
     # Idle, but they hold ports and memory: stopped before the outbox scenarios run.
     procs.stop_all()
     return correct
-
-
-def throughput(runner, stack, has_nginx, wanted):
-    up = stack.ports["upstream"]
-    gw_mem, gw_redis = stack.ports["gw-memory"], stack.ports["gw-redis"]
-    px = stack.ports.get("nginx-proxy")
-    get = {"LT_METHOD": "GET", "LT_KEYS": "none"}
-    post = {"LT_METHOD": "POST", "LT_KEYS": "none"}
-    unique = {"LT_METHOD": "POST", "LT_KEYS": "unique"}
-    space = "100" if runner.args.smoke else "1000"
-    cycle = {"LT_METHOD": "POST", "LT_KEYS": "cycle", "LT_SPACE": space, "LT_PREFIX": f"replay-{NONCE}"}
-
-    if wanted("P1"):
-        p1(runner, up, px, gw_mem, get, has_nginx)
-        p1_logged(runner, stack.ports.get("nginx-proxy-logged"), stack.ports["gw-logged"], get, has_nginx)
-    if wanted("P2"):
-        say("P2 first requests, unique keys, memory store")
-        r = runner.interleaved("P2", [("passthrough POST (no key)", gw_mem, post),
-                                      ("guarded POST, memory", gw_mem, {**unique, "LT_PREFIX": f"p2-{NONCE}"})])
-        sub, ref = r["guarded POST, memory"], r["passthrough POST (no key)"]
-        runner.row("P2", "unique keys, memory store", sub, ("passthrough POST", ref), ratio_of(sub, ref),
-                   "≥ 0.8 × passthrough", met_if(sub, ref, 0.8))
-    for sid, what in (("P3", "unique keys, Redis store"), ("P4", "replays, Redis store"),
-                      ("P11", "replays, memory store")):
-        if wanted(sid) and not has_nginx:
-            runner.row(sid, what, None, note="skipped: nginx (the reference) is not installed")
-    if wanted("P3") and has_nginx:
-        say("P3 first requests, unique keys, Redis store")
-        r = runner.interleaved("P3", [("nginx proxy POST", px, {**unique, "LT_PREFIX": f"p3n-{NONCE}"}),
-                                      ("guarded POST, Redis", gw_redis, {**unique, "LT_PREFIX": f"p3-{NONCE}"})])
-        sub, ref = r["guarded POST, Redis"], r["nginx proxy POST"]
-        runner.row("P3", "unique keys, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref),
-                   "≥ 0.6 × nginx", met_if(sub, ref, 0.6))
-    if wanted("P4") and has_nginx:
-        say(f"P4 replays of completed keys, Redis store ({space} keys per wrk thread, completed first)")
-        wrk(gw_redis, max(1, runner.args.warmup), runner.args, cycle)  # complete every key once
-        r = runner.interleaved("P4", [("nginx proxy POST", px, cycle), ("replays, Redis", gw_redis, cycle)])
-        sub, ref = r["replays, Redis"], r["nginx proxy POST"]
-        runner.row("P4", "replays, Redis store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.0 × nginx",
-                   met_if(sub, ref, 1.0))
-    if wanted("P11") and has_nginx:
-        say(f"P11 replays of completed keys, memory store ({space} keys per wrk thread, completed first)")
-        memory_cycle = {**cycle, "LT_PREFIX": f"replay-memory-{NONCE}"}
-        wrk(gw_mem, max(1, runner.args.warmup), runner.args, memory_cycle)  # complete every key once
-        r = runner.interleaved("P11", [("nginx proxy POST", px, memory_cycle),
-                                       ("replays, memory", gw_mem, memory_cycle)])
-        sub, ref = r["replays, memory"], r["nginx proxy POST"]
-        runner.row("P11", "replays, memory store", sub, ("nginx POST", ref), ratio_of(sub, ref), "≥ 1.5 × nginx",
-                   met_if(sub, ref, 1.5))
 
 
 def durability_cost(runner, stack, procs, up):
@@ -132,39 +94,16 @@ def durability_cost(runner, stack, procs, up):
         time.sleep(0.05)
     else:
         raise RuntimeError("the D1 replica did not sync with the primary")
-    gw_wait = stack.start_gateway("gw-redis-wait", f"{stack.redis_url}?wait_replicas=1", up)
+    runtime = stack.runtimes[0]  # with --runtimes, D1 measures the first one
+    gw_wait = stack.start_gateway("gw-redis-wait", f"{stack.redis_url}?wait_replicas=1", up, runtime=runtime)
     say("D1 first requests, unique keys, Redis with one replica: wait_replicas=1 against wait_replicas=0")
     unique = {"LT_METHOD": "POST", "LT_KEYS": "unique"}
-    r = runner.interleaved("D1", [("guarded POST, Redis, N = 0", stack.ports["gw-redis"],
+    r = runner.interleaved("D1", [("guarded POST, Redis, N = 0", stack.ports[gateway_name("gw-redis", runtime)],
                                    {**unique, "LT_PREFIX": f"d1a-{NONCE}"}),
                                   ("guarded POST, Redis, N = 1", gw_wait, {**unique, "LT_PREFIX": f"d1b-{NONCE}"})])
     sub, ref = r["guarded POST, Redis, N = 1"], r["guarded POST, Redis, N = 0"]
     runner.row("D1", "unique keys, Redis + replica, wait_replicas=1", sub, ("wait_replicas=0", ref),
                ratio_of(sub, ref), "measured (no target)", None)
-
-
-def p1(runner, up, px, gw_mem, get, has_nginx):
-    say("P1 passthrough: unguarded GET")
-    targets = [("direct upstream", up, get), ("idemgate passthrough", gw_mem, get)]
-    if has_nginx:
-        targets.insert(1, ("nginx proxy", px, get))
-    r = runner.interleaved("P1", targets)
-    ref = r.get("nginx proxy")
-    runner.row("P1", "passthrough GET", r["idemgate passthrough"], ref and ("nginx", ref),
-               ratio_of(r["idemgate passthrough"], ref), "≥ 1.0 × nginx", met_if(r["idemgate passthrough"], ref, 1.0))
-    runner.row("P1", "(ceiling) direct GET", r["direct upstream"])
-
-
-def p1_logged(runner, px_logged, gw_logged, get, has_nginx):
-    """P1 as users run it: idemgate's default request log against nginx's access log, both to a file."""
-    say("P1 passthrough with logs on: idemgate's default request log vs nginx's access log, both to a file")
-    targets = [("idemgate passthrough, request log", gw_logged, get)]
-    if has_nginx:
-        targets.insert(0, ("nginx proxy, access log", px_logged, get))
-    r = runner.interleaved("P1", targets)
-    sub, ref = r["idemgate passthrough, request log"], r.get("nginx proxy, access log")
-    runner.row("P1", "passthrough GET, logs on (default request log vs access log)", sub, ref and ("nginx", ref),
-               ratio_of(sub, ref), "≥ 1.0 × nginx", met_if(sub, ref, 1.0))
 
 
 def fixed_rate(runner, stack, has_nginx):
@@ -174,7 +113,9 @@ def fixed_rate(runner, stack, has_nginx):
     if not has_nginx:
         runner.row("P6", f"p99 at {rate} req/s, Redis", None, note="skipped: nginx is not installed (reference)")
         return
-    targets = [("nginx proxy POST", stack.ports["nginx-proxy"]), ("guarded POST, Redis", stack.ports["gw-redis"])]
+    targets = [("nginx proxy POST", stack.ports["nginx-proxy"])]
+    targets += [(labelled("guarded POST, Redis", runtime), stack.ports[gateway_name("gw-redis", runtime)])
+                for runtime in stack.runtimes]
     results = {label: [] for label, _ in targets}
     for round_ in range(runner.args.rounds):
         for label, port in (targets if round_ % 2 == 0 else list(reversed(targets))):
@@ -193,10 +134,12 @@ def fixed_rate(runner, stack, has_nginx):
             results[label].append(r)
             print(f"   P6 {label:<28} {r['rps']:>9.0f} req/s  p50 {r['p50_us'] / 1000:6.2f} ms"
                   f"  p99 {r['p99_us'] / 1000:6.2f} ms  p99.9 {r['p999_us'] / 1000:6.2f} ms", flush=True)
-    sub, ref = summarize(results["guarded POST, Redis"]), summarize(results["nginx proxy POST"])
-    added = (sub["p99_us"] - ref["p99_us"]) / 1000
-    runner.row("P6", f"p99 at {rate} req/s, Redis", sub, ("nginx POST", ref), None,
-               "p99 ≤ nginx p99 + 1 ms", added <= 1.0, note=f"added p99: {added:+.2f} ms")
+    ref = summarize(results["nginx proxy POST"])
+    for runtime in stack.runtimes:
+        sub = summarize(results[labelled("guarded POST, Redis", runtime)])
+        added = (sub["p99_us"] - ref["p99_us"]) / 1000
+        runner.row("P6", labelled(f"p99 at {rate} req/s, Redis", runtime), sub, ("nginx POST", ref), None,
+                   "p99 ≤ nginx p99 + 1 ms", added <= 1.0, note=f"added p99: {added:+.2f} ms")
 
 
 def correctness(runner, stack, procs):

@@ -2,11 +2,14 @@
 
 Runner.measure runs wrk once against a server and records its CPU per
 request from /proc; Runner.interleaved alternates subject and reference
-round by round; Runner.row adds a line to the summary table that
-report.py writes. summarize, ratio_of and met_if turn rounds into the
-table's medians, ratios and verdicts.
+round by round (and keeps each label's summary, so a later scenario can
+cite an earlier figure); Runner.row adds a line to the summary table that
+report.py writes, optionally with the floor the subject is read against.
+summarize, ratio_of and met_if turn rounds into the table's medians,
+ratios and verdicts.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -49,18 +52,21 @@ class Runner:
         self.raw = []     # every measurement, in order
         self.rows = []    # the summary table
         self.notes = []   # one line per outbox scenario, under the raw table
+        self.summaries = {}  # (scenario, label) → summary, from interleaved
 
     def cpu(self):
         return {name: cpu_seconds(pid) for name, pid in self.stack.pids.items()}
 
-    def measure(self, scenario, label, port, env, seconds=None):
+    def measure(self, scenario, label, port, env, seconds=None, connections=None):
         seconds = seconds or self.args.duration
+        settings = self.args if not connections else argparse.Namespace(**{**vars(self.args),
+                                                                            "connections": connections})
         if self.args.warmup > 0:
-            wrk(port, self.args.warmup, self.args, env)
+            wrk(port, self.args.warmup, settings, env)
         server = next(name for name, p in self.stack.ports.items() if p == port)
         perf = self.start_perf(scenario, server, label)
         before = self.cpu()
-        result = wrk(port, seconds, self.args, env)
+        result = wrk(port, seconds, settings, env)
         after = self.cpu()
         if perf:
             self.finish_perf(*perf)
@@ -104,18 +110,21 @@ class Runner:
         out.write_text(f"# perf profile: {scenario} on {server}\n\n" + "\n\n".join(reports) + "\n")
         print(f"   profile: {out}", flush=True)
 
-    def interleaved(self, scenario, targets):
-        """targets: [(label, port, env)]; alternates their order each round."""
+    def interleaved(self, scenario, targets, connections=None):
+        """targets: [(label, port, env)]; alternates their order each round. connections overrides wrk's -c."""
         results = {label: [] for label, _, _ in targets}
         for round_ in range(self.args.rounds):
             order = targets if round_ % 2 == 0 else list(reversed(targets))
             for label, port, env in order:
-                results[label].append(self.measure(scenario, label, port, env))
-        return {label: summarize(rs) for label, rs in results.items()}
+                results[label].append(self.measure(scenario, label, port, env, connections=connections))
+        summaries = {label: summarize(rs) for label, rs in results.items()}
+        self.summaries.update({(scenario, label): summary for label, summary in summaries.items()})
+        return summaries
 
-    def row(self, scenario, what, measured, reference=None, ratio=None, target="", met=None, note=""):
+    def row(self, scenario, what, measured, reference=None, ratio=None, target="", met=None, note="", floor=None):
+        """floor: (name, summary) of the floor measured in the same rounds, for the table's × floor column."""
         self.rows.append(dict(scenario=scenario, what=what, measured=measured, reference=reference, ratio=ratio,
-                              target=target, met=met, note=note))
+                              target=target, met=met, note=note, floor=floor))
 
 
 def summarize(results):

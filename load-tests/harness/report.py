@@ -39,6 +39,13 @@ def cpu_cell(r):
     return f"{cpu[r['server']]:.0f}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+def floor_cell(measured, floor):
+    """`0.71 × floor` style: the subject's req/s over its floor's, measured in the same rounds."""
+    if not measured or not floor or not floor[1]["rps"]:
+        return ""
+    return f"{measured['rps'] / floor[1]['rps']:.2f} ({floor[0]})"
+
+
 def fmt_ms(us):
     return "" if us is None else f"{us / 1000:.2f}"
 
@@ -50,6 +57,9 @@ def fmt_rps(rps):
 def report(runner, info, started, loads):
     args = runner.args
     summary = []
+    build = "DEBUG build (figures meaningless)" if args.debug else "release build"
+    runtimes = (f"runtime {' and '.join(args.runtimes)} (config `runtime`, one gateway each)" if args.runtimes
+                else "its default runtime")
     lines = [f"# idemgate load tests — {'smoke' if args.smoke else 'full'} run",
              "",
              f"- when: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(started))}, "
@@ -61,16 +71,21 @@ def report(runner, info, started, loads):
              f"P6: `lt rate` (open loop, 64 connections, latency from scheduled send time)",
              f"- pinning: {f'generator on CPU {args.pin_generator}, servers on CPU {args.pin_servers}' if args.pin else 'none (all processes share both cores)'}",
              f"- servers: upstream = {info['nginx']} `return 200 \"ok\"` (2 workers); nginx proxy = `proxy_pass` "
-             f"with upstream keepalive, 2 workers; idemgate {'DEBUG build (figures meaningless)' if args.debug else 'release build'}, 2 Tokio workers; "
-             f"access logs off on both; own redis-server",
+             f"with upstream keepalive, 2 workers; idemgate {build}, {runtimes}; "
+             f"access logs off on both except in the *logs on* rows; own redis-server",
+             f"- floors (`lt`, {build}, no log): *floor* = `lt floor-proxy`, "
+             f"a minimal hyper 1.x proxy, one current-thread runtime per core with its own `SO_REUSEPORT` listener "
+             f"and upstream pool (its work-stealing twin is reported too); *replay floor* = `lt floor-answer`, the "
+             f"same server answering a fixed `201 ok`",
              "",
              "req/s and latencies are medians over rounds as the generator saw them; *cpu* is the CPU time the "
              "measured server spent per request (its own process and workers), the steadiest number on a shared "
-             "machine.",
+             "machine. *ratio* is against the row's reference; *× floor* against the floor measured in the same "
+             "rounds (the per-core proxy for passthrough, the replay floor for replays).",
              "",
              "| id | scenario | req/s | p50 ms | p99 ms | cpu µs/req | reference | ref req/s | ref p99 ms "
-             "| ref cpu µs/req | ratio | target | met |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             "| ref cpu µs/req | ratio | × floor | target | met |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for row in runner.rows:
         m, ref = row["measured"], row["reference"]
         met = {True: "yes", False: "**no**", None: ""}[row["met"]]
@@ -78,7 +93,8 @@ def report(runner, info, started, loads):
         cpu = lambda r: f"{r['cpu_us']:.0f}" if r.get("cpu_us") is not None else ""
         cells += [fmt_rps(m["rps"]), fmt_ms(m["p50_us"]), fmt_ms(m["p99_us"]), cpu(m)] if m else [""] * 4
         cells += [ref[0], fmt_rps(ref[1]["rps"]), fmt_ms(ref[1]["p99_us"]), cpu(ref[1])] if ref else [""] * 4
-        cells += [f"{row['ratio']:.2f}" if row["ratio"] is not None else "", row["target"], met]
+        cells += [f"{row['ratio']:.2f}" if row["ratio"] is not None else "", floor_cell(m, row.get("floor")),
+                  row["target"], met]
         if row["note"]:
             cells[1] += f" — {row['note']}"
         if m and m.get("errors"):

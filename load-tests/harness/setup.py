@@ -1,8 +1,9 @@
 """Setup: installing wrk and nginx, building the binaries, and starting the gateway scenarios' servers.
 
 Stack holds the servers of one run (the static upstream, the nginx proxy,
-Redis and the gateways) with their ports and pids; nginx_conf and
-gateway_conf write their configuration files into the run's workdir.
+the floors, Redis and the gateways) with their ports and pids; nginx_conf
+and gateway_conf write their configuration files into the run's workdir.
+With --runtimes, each gateway runs once per runtime (gateway_name).
 """
 
 import os
@@ -69,16 +70,19 @@ http {{
     return conf
 
 
-def gateway_conf(workdir, name, port, store, upstream_port, request_log=False):
+def gateway_conf(workdir, name, port, store, upstream_port, request_log=False, runtime=None):
     conf = workdir / f"{name}.toml"
     # "info" is the default: one line per request, like nginx's access log;
     # "warn" has no per-request line, like nginx with access_log off.
     level = "info" if request_log else "warn"
+    # Without --runtimes the field is not written: the binary's default runs
+    # (and a binary that predates the field still starts).
+    runtime_line = f'runtime = "{runtime}"\n' if runtime else ""
     conf.write_text(f"""
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{free_port()}"
 store = "{store}"
-
+{runtime_line}
 [log]
 level = "{level}"
 
@@ -94,11 +98,21 @@ methods = ["POST"]
     return conf
 
 
-class Stack:
-    """The servers of one run: static upstream, nginx proxy, Redis, gateways."""
+def gateway_name(base, runtime):
+    """The server name of one gateway for one runtime: `gw-memory`, or `gw-memory@per-core` with --runtimes."""
+    return f"{base}@{runtime}" if runtime else base
 
-    def __init__(self, procs, nginx, workdir):
+
+class Stack:
+    """The servers of one run: static upstream, nginx proxy, floors, Redis, gateways.
+
+    runtimes is [None] (the binary's default, no `runtime` field written) or
+    the --runtimes list; the throughput gateways run once per entry.
+    """
+
+    def __init__(self, procs, nginx, workdir, runtimes=(None,)):
         self.procs, self.nginx, self.workdir = procs, nginx, workdir
+        self.runtimes = list(runtimes)
         self.ports = {}
         self.pids = {}
 
@@ -119,9 +133,20 @@ class Stack:
         say("redis-server not found: using the shared Redis on 127.0.0.1:6379 with a run-unique prefix")
         return f"redis://127.0.0.1:6379/0?prefix=idemgate-lt-{NONCE}:"
 
-    def start_gateway(self, name, store, upstream_port, request_log=False):
+    def start_gateway(self, name, store, upstream_port, request_log=False, runtime=None):
         port = free_port()
-        conf = gateway_conf(self.workdir, name, port, store, upstream_port, request_log)
+        conf = gateway_conf(self.workdir, name, port, store, upstream_port, request_log, runtime)
         proc = self.procs.start(name, [str(shared.GATEWAY), "serve", "--config", str(conf)], port)
+        self.ports[name], self.pids[name] = port, proc.pid
+        return port
+
+    def start_floor(self, name, command, runtime, upstream_port=None):
+        """`lt floor-proxy` (to upstream_port) or `lt floor-answer`, one thread per core; an hour at most."""
+        port = free_port()
+        argv = [str(shared.LT), command, "--listen", f"127.0.0.1:{port}", "--runtime", runtime,
+                "--lifetime-ms", "3600000"]
+        if upstream_port:
+            argv += ["--upstream", f"127.0.0.1:{upstream_port}"]
+        proc = self.procs.start(name, argv, port)
         self.ports[name], self.pids[name] = port, proc.pid
         return port

@@ -14,12 +14,19 @@
 //!   and holds them idle (P10).
 //! - `sink`: the outbox relay's destination (P7, P8): answers at once and
 //!   records each delivery's key and arrival time.
+//! - `floor-proxy`: the *floor*, a minimal hyper reverse proxy (per core or
+//!   work-stealing) that P1 is measured against.
+//! - `floor-answer`: the *replay floor*, the same server answering a fixed
+//!   `201` (P4, P11).
 //!
 //! Every tool prints one JSON object on stdout for `load-tests/run` to read.
 //! Targets are loopback addresses only; anything else is refused.
 
 mod burst;
 mod client;
+mod floor;
+mod floor_answer;
+mod floor_proxy;
 mod hold;
 mod rate;
 mod sink;
@@ -32,7 +39,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1);
     let Some(command) = argv.next() else {
-        eprintln!("usage: lt upstream|burst|rate|hold|sink --flag value ...");
+        eprintln!("usage: lt upstream|burst|rate|hold|sink|floor-proxy|floor-answer --flag value ...");
         return ExitCode::from(2);
     };
     let result = Args::parse(argv).and_then(|args| match command.as_str() {
@@ -41,6 +48,8 @@ fn main() -> ExitCode {
         "rate" => rate::main(&args),
         "hold" => hold::main(&args),
         "sink" => sink::main(&args),
+        "floor-proxy" => floor_proxy::main(&args),
+        "floor-answer" => floor_answer::main(&args),
         other => Err(format!("unknown command {other:?}")),
     });
     match result {
