@@ -81,6 +81,9 @@ impl Config {
                 release_statuses: None,
                 on_unknown: None,
                 pool_idle_timeout: default_pool_idle_timeout(),
+                key: None,
+                webhook: None,
+                key_ttl: None,
             });
         }
         Ok(())

@@ -178,6 +178,56 @@ fn errors_name_the_field_and_what_was_expected_but_not_the_value_found() {
     }
 }
 
+const WEBHOOK_ROUTE: &str = r#"
+[[routes]]
+name = "stripe-events"
+prefix = "/webhooks/stripe"
+upstream = "http://127.0.0.1:9000"
+webhook = { scheme = "stripe", secrets = ["whsec_old-hunter2", "whsec_new-hunter3"] }
+"#;
+
+#[test]
+fn a_webhook_route_takes_its_schemes_key_and_never_prints_its_secrets() {
+    let config = load(&format!("{WEBHOOK_ROUTE}key_ttl = \"7d\"\n"), &[], &Overrides::default()).unwrap();
+    let route = &config.routes[0];
+    assert_eq!(route.key_source(), KeySource::Json("/id".into()));
+    assert_eq!(route.key_ttl.unwrap().0, Duration::from_secs(7 * 86_400));
+    let printed = format!("{config:?} {}", toml::to_string(&config).unwrap());
+    assert!(!printed.contains("hunter") && printed.contains("[redacted]"), "{printed}");
+    assert!(config.validate().unwrap().is_empty(), "7d covers Stripe's three days");
+    let explicit = WEBHOOK_ROUTE.replace("webhook =", "key = { header = \"X-Event-Id\" }\nwebhook =");
+    let config = load(&explicit, &[], &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].key_source(), KeySource::Header("x-event-id".into()));
+}
+
+#[test]
+fn a_key_ttl_shorter_than_the_providers_retry_window_is_a_warning() {
+    let config = load(WEBHOOK_ROUTE, &[], &Overrides::default()).unwrap();
+    let warnings = config.validate().unwrap();
+    assert!(warnings.iter().any(|w| w.contains("stripe-events") && w.contains("retry window")), "{warnings:?}");
+    assert!(!warnings.iter().any(|w| w.contains("hunter")), "{warnings:?}");
+}
+
+#[test]
+fn bad_key_sources_and_webhooks_are_refused_naming_the_field() {
+    let route = "[[routes]]\nname = \"w\"\nupstream = \"http://127.0.0.1:1\"\n";
+    for (extra, expected) in [
+        ("key = { json = \"id\" }", "starts with '/'"),
+        ("key = { json = \"/a~2\" }", "RFC 6901"),
+        ("key = { json = \"/id\", header = \"x\" }", "exactly one"),
+        ("key = { header = \"bad header\" }", "not a valid header name"),
+        ("webhook = { scheme = \"paypal\", secrets = [\"s\"] }", "unknown variant"),
+        ("webhook = { scheme = \"github\" }", "secrets"),
+        ("webhook = { scheme = \"github\", secrets = [\"s\"], secrets_file = \"/f\" }", "not both"),
+        ("webhook = { scheme = \"github\", secrets = [\"s\"], tolerance = \"0s\" }", "tolerance"),
+        ("methods = [\"PUT\"]\nwebhook = { scheme = \"github\", secrets = [\"s\"] }", "must guard POST"),
+        ("key_ttl = \"1s\"", "key_ttl"),
+    ] {
+        let err = load(&format!("{route}{extra}\n"), &[], &Overrides::default()).unwrap_err().to_string();
+        assert!(err.contains(expected), "{extra}: {err}");
+    }
+}
+
 /// `docs/configuration.md`, the configuration reference.
 const REFERENCE: &str = include_str!("../../docs/configuration.md");
 
@@ -257,6 +307,8 @@ fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("gateway.tenant", fields_of::<TenantConfig>()),
         ("gateway.tenant_quota", fields_of::<crate::config::TenantQuota>()),
         ("routes[]", fields_of::<RouteConfig>()),
+        ("routes[].key", fields_of::<KeySource>()),
+        ("routes[].webhook", fields_of::<WebhookConfig>()),
         ("admin", fields_of::<AdminConfig>()),
         ("store_encryption", fields_of::<StoreEncryptionConfig>()),
         ("relay", fields_of::<RelayConfig>()),

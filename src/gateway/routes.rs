@@ -237,6 +237,9 @@ mod tests {
             release_statuses: None,
             on_unknown: None,
             pool_idle_timeout: crate::config::ConfigDuration(crate::config::DEFAULT_POOL_IDLE_TIMEOUT),
+            key: None,
+            webhook: None,
+            key_ttl: None,
         }
     }
 
