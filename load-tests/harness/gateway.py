@@ -1,4 +1,4 @@
-"""The gateway's scenarios, P1–P6, P10 and P11 (PERFORMANCE.md), against one set of servers.
+"""The gateway's scenarios, P1–P6, P10, P11 and W1 (PERFORMANCE.md), against one set of servers.
 
 P1–P4 throughput (wrk, interleaved with their references), P5 correctness
 (`lt burst` on one key, memory and Redis), P6 latency at a fixed rate
@@ -18,6 +18,7 @@ import time
 from . import shared
 from .shared import NONCE, free_port, rss_kib, say
 from .measuring import lt, met_if, ratio_of, summarize, wrk
+from .webhooks import w1
 
 
 def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
@@ -55,6 +56,8 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
         memory_at_connections(runner, stack, procs)
     if wanted("D1"):
         durability_cost(runner, stack, procs, up)
+    if wanted("W1"):
+        w1(runner, stack, up)
     # Idle, but they hold ports and memory: stopped before the outbox scenarios run.
     procs.stop_all()
     return correct

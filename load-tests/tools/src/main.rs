@@ -14,6 +14,8 @@
 //!   and holds them idle (P10).
 //! - `sink`: the outbox relay's destination (P7, P8): answers at once and
 //!   records each delivery's key and arrival time.
+//! - `webhook`: a closed-loop generator of Stripe-signed webhook
+//!   deliveries (W1), new or redelivered, each signed when it is sent.
 //!
 //! Every tool prints one JSON object on stdout for `load-tests/run` to read.
 //! Targets are loopback addresses only; anything else is refused.
@@ -24,6 +26,7 @@ mod hold;
 mod rate;
 mod sink;
 mod upstream;
+mod webhook;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,7 +35,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1);
     let Some(command) = argv.next() else {
-        eprintln!("usage: lt upstream|burst|rate|hold|sink --flag value ...");
+        eprintln!("usage: lt upstream|burst|rate|hold|sink|webhook --flag value ...");
         return ExitCode::from(2);
     };
     let result = Args::parse(argv).and_then(|args| match command.as_str() {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         "rate" => rate::main(&args),
         "hold" => hold::main(&args),
         "sink" => sink::main(&args),
+        "webhook" => webhook::main(&args),
         other => Err(format!("unknown command {other:?}")),
     });
     match result {
