@@ -221,6 +221,11 @@ impl<S: Store> Gateway<S> {
         &self.recent
     }
 
+    /// The route of this name (admin API: a route's own key scope).
+    pub fn route_named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|route| route.name == name)
+    }
+
     /// The tenant source (admin API scopes keys the same way).
     pub fn tenant_source(&self) -> &TenantSource {
         &self.tenant

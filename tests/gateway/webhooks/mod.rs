@@ -269,3 +269,27 @@ async fn a_key_in_the_body_guards_a_plain_route_and_its_absence_passes_through()
     let reply = gateway.post("/charge").json(r#"{"order":{"id":1.5}}"#).send().await;
     assert_eq!((reply.status, reply.problem()), (400, "invalid-key".into()));
 }
+
+#[tokio::test]
+async fn an_operator_inspects_and_purges_an_event_by_its_route_and_then_it_runs_again() {
+    let upstream = Upstream::start().await;
+    let mut config = webhook_config(&upstream.url(), Scheme::Stripe, &[SECRET]);
+    let token = "webhook-admin-token-0123456789";
+    config.admin.token = Some(idemgate::config::Secret::new(token));
+    let gateway = TestGateway::start(config).await;
+    let body = event("evt_purged", 1);
+    let deliver_it = || deliver(gateway.post("/charge"), &signed(Scheme::Stripe, SECRET, "", now(), &body), &body);
+    assert_eq!(deliver_it().send().await.status, 201);
+    let admin =
+        |method: &str, path: &str| gateway.admin(method, path).header("authorization", &format!("Bearer {token}"));
+    let found = admin("GET", "/admin/keys/evt_purged?route=default").send().await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&found.body).unwrap()["state"], "completed");
+    assert_eq!(admin("GET", "/admin/keys/evt_purged").send().await.status, 404, "not in the default scope");
+    assert_eq!(admin("GET", "/admin/keys/evt_purged?route=default&tenant=x").send().await.status, 400);
+    assert_eq!(admin("GET", "/admin/keys/evt_purged?route=nope").send().await.status, 400);
+    assert_eq!(admin("DELETE", "/admin/keys/evt_purged?route=default").send().await.status, 204);
+    let again = deliver_it().send().await;
+    assert_eq!((again.status, again.replayed()), (201, false), "purged: the next delivery runs");
+    assert_eq!(upstream.total(), 2);
+}
