@@ -201,6 +201,26 @@ fn a_webhook_route_takes_its_schemes_key_and_never_prints_its_secrets() {
 }
 
 #[test]
+fn the_environment_reaches_a_route_of_the_file_by_its_index() {
+    let file =
+        WEBHOOK_ROUTE.replace("secrets = [\"whsec_old-hunter2\", \"whsec_new-hunter3\"]", "secrets_file = \"/f\"");
+    let env =
+        [("IDEMGATE__ROUTES__0__WEBHOOK__SECRETS_FILE", "/run/secrets/stripe"), ("IDEMGATE__ROUTES__0__KEY_TTL", "4d")];
+    let config = load(&file, &env, &Overrides::default()).unwrap();
+    let webhook = config.routes[0].webhook.as_ref().unwrap();
+    assert_eq!(webhook.secrets_file.as_deref(), Some(std::path::Path::new("/run/secrets/stripe")));
+    assert_eq!(config.routes[0].key_ttl.unwrap().0, Duration::from_secs(4 * 86_400));
+    let env = [("IDEMGATE__ROUTES__0__WEBHOOK__SECRETS", "[\"whsec_env-hunter4\"]")];
+    let config = load(WEBHOOK_ROUTE, &env, &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].webhook.as_ref().unwrap().secrets, [Secret::new("whsec_env-hunter4")]);
+    assert!(!toml::to_string(&config).unwrap().contains("hunter4"));
+    for missing in ["IDEMGATE__ROUTES__1__KEY_TTL", "IDEMGATE__ROUTES__KEY_TTL", "IDEMGATE__ROUTES__x__KEY_TTL"] {
+        let error = load(&file, &[(missing, "4d")], &Overrides::default()).unwrap_err().to_string();
+        assert!(error.contains("routes is a list of 1"), "{missing}: {error}");
+    }
+}
+
+#[test]
 fn a_key_ttl_shorter_than_the_providers_retry_window_is_a_warning() {
     let config = load(WEBHOOK_ROUTE, &[], &Overrides::default()).unwrap();
     let warnings = config.validate().unwrap();
