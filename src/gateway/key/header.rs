@@ -11,6 +11,9 @@ pub(super) fn find(name: &HeaderName, headers: &HeaderMap) -> Result<Option<Idem
     if values.next().is_some() {
         return Err(KeyError::Source(format!("the {name} header appears more than once")));
     }
-    let text = std::str::from_utf8(value.as_bytes()).unwrap_or("\u{0}");
-    super::checked(text, || format!("the {name} header")).map(Some)
+    let source = || format!("the {name} header");
+    match std::str::from_utf8(value.as_bytes()) {
+        Ok(text) => super::checked(text, source).map(Some),
+        Err(_) => Err(super::refused(&source(), super::NOT_ASCII)),
+    }
 }

@@ -81,10 +81,17 @@ fn checked(text: &str, source: impl FnOnce() -> String) -> Result<IdempotencyKey
         let why = match e {
             KeyError::Empty => "is empty",
             KeyError::TooLong => "is longer than 255 characters",
-            _ => "holds a character outside printable ASCII",
+            _ => NOT_ASCII,
         };
-        KeyError::Source(format!("the key in {} {why}", source()))
+        refused(&source(), why)
     })
+}
+
+const NOT_ASCII: &str = "holds a character outside printable ASCII";
+
+/// A key refused: where it was, and why (never what it was).
+fn refused(source: &str, why: &str) -> KeyError {
+    KeyError::Source(format!("the key in {source} {why}"))
 }
 
 #[cfg(test)]

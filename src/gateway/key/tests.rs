@@ -56,6 +56,8 @@ fn another_header_gives_its_raw_value_once() {
     assert_eq!(found(&source, &headers, ""), Ok(Some("\"a,b\"".into())));
     headers.append("webhook-id", HeaderValue::from_static("b"));
     assert!(found(&source, &headers, "").unwrap_err().contains("more than once"));
+    headers.insert("webhook-id", HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+    assert!(found(&source, &headers, "").unwrap_err().contains("printable ASCII"));
     headers.insert("webhook-id", HeaderValue::from_bytes(&[b'k'; 256]).unwrap());
     assert!(found(&source, &headers, "").unwrap_err().contains("longer than 255"));
 }

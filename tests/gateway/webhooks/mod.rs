@@ -9,10 +9,11 @@ mod providers;
 
 use std::sync::Arc;
 
-use idemgate::config::{ConfigDuration, ForwardKey, KeySource, Scheme};
+use idemgate::config::{ConcurrentMode, ConfigDuration, ForwardKey, KeySource, Scheme};
 use providers::{SECRET, deliver, event, now, secret_for, signature_header, signed, webhook_config};
 
 use crate::support::gateway::TestGateway;
+use crate::support::redis_server::{shared_redis_url, unique_prefix};
 use crate::support::upstream::Upstream;
 
 async fn delivered_once_and_redeliveries_replayed(scheme: Scheme) {
@@ -188,10 +189,11 @@ async fn a_verified_delivery_whose_pointer_finds_no_usable_key_is_refused() {
     assert_eq!(upstream.total(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_redeliveries_cause_one_effect() {
+async fn concurrent_redeliveries_cause_one_effect(concurrent: ConcurrentMode) -> Vec<u16> {
     let upstream = Upstream::start().await;
-    let gateway = Arc::new(TestGateway::start(webhook_config(&upstream.url(), Scheme::Stripe, &[SECRET])).await);
+    let mut config = webhook_config(&upstream.url(), Scheme::Stripe, &[SECRET]);
+    config.gateway.concurrent = concurrent;
+    let gateway = Arc::new(TestGateway::start(config).await);
     let calls: Vec<_> = (0..32)
         .map(|n| {
             let gateway = gateway.clone();
@@ -206,8 +208,40 @@ async fn concurrent_redeliveries_cause_one_effect() {
     for call in calls {
         statuses.push(call.await.unwrap().status);
     }
-    assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
     assert_eq!(upstream.total(), 1, "one effect for 32 concurrent deliveries: {statuses:?}");
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_redeliveries_cause_one_effect_and_the_others_409() {
+    let statuses = concurrent_redeliveries_cause_one_effect(ConcurrentMode::Reject).await;
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_redeliveries_wait_for_the_first_with_concurrent_wait() {
+    let statuses = concurrent_redeliveries_cause_one_effect(ConcurrentMode::Wait).await;
+    assert!(statuses.iter().all(|s| *s == 201), "every delivery gets the first one's answer: {statuses:?}");
+}
+
+#[tokio::test]
+async fn a_routes_key_ttl_is_the_records_lifetime_in_the_store() {
+    let upstream = Upstream::start().await;
+    let prefix = unique_prefix();
+    let mut config = webhook_config(&upstream.url(), Scheme::Stripe, &[SECRET]);
+    config.store = idemgate::config::ServiceUrl::new(format!("{}?prefix={prefix}", shared_redis_url()));
+    config.routes[0].key_ttl = Some("7d".parse().unwrap());
+    let gateway = TestGateway::start(config).await;
+    let body = event("evt_kept", 1);
+    let reply = deliver(gateway.post("/charge"), &signed(Scheme::Stripe, SECRET, "", now(), &body), &body).send().await;
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    let client = redis::Client::open(shared_redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut redis).await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query_async(&mut redis).await.unwrap();
+    let day = 86_400_000;
+    assert!(ttl > 6 * day && ttl <= 7 * day, "the route's 7d, not gateway.key_ttl's 24h: {ttl} ms");
 }
 
 #[tokio::test]
