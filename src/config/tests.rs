@@ -37,6 +37,14 @@ upstream = "http://127.0.0.1:9000"
 methods = ["POST", "PATCH"]
 require_key = true
 
+[[routes]]
+name = "stripe-events"
+prefix = "/webhooks/stripe"
+upstream = "http://127.0.0.1:9000"
+key = { json = "/id" }
+webhook = { scheme = "stripe", secrets_file = "/run/secrets/stripe-whsec" }
+key_ttl = "7d"
+
 [relay]
 database_url = "postgres://postgres@127.0.0.1:5432/app"
 
@@ -54,6 +62,8 @@ fn the_design_sample_loads() {
     assert!(config.routes[0].require_key);
     assert_eq!(config.gateway.lease.0, Duration::from_secs(30));
     assert_eq!(config.destinations["email"].max_attempts, 12);
+    assert_eq!(config.routes[1].webhook.as_ref().map(|w| w.scheme), Some(Scheme::Stripe));
+    assert_eq!(config.routes[1].key_source(), KeySource::Json("/id".into()));
 }
 
 #[test]
