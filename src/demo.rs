@@ -8,7 +8,12 @@
 //! - `POST /v1/charges?slow_ms=N` waits N ms (at most [`MAX_SLOW_MS`])
 //!   before charging, so a duplicate sent meanwhile meets the `409`;
 //! - `GET /v1/charges/count` says how many charges were performed, so a
-//!   newcomer can see what reached the API and what did not.
+//!   newcomer can see what reached the API and what did not;
+//! - `POST /webhooks/stripe` fulfils an order for every event it receives
+//!   (again, not idempotent), behind a second route of the gateway that
+//!   verifies Stripe-style signatures with [`WEBHOOK_SECRET`] and takes the
+//!   event's `id` as the key: one event delivered three times is one
+//!   fulfilment. `GET /v1/fulfilments/count` says how many.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,39 +26,85 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use crate::config::{AdminAuth, Config, StoreKind};
+use crate::config::{AdminAuth, Config, ConfigDuration, RouteConfig, Scheme, Secret, StoreKind, WebhookConfig};
 use crate::http::body::{ResponseBody, full};
 use crate::http::listener::serve_internal;
 
 /// The longest wait `slow_ms` may ask for.
 pub const MAX_SLOW_MS: u64 = 10_000;
 
+/// The demo webhook route's signing secret: printed, so never one to use.
+pub const WEBHOOK_SECRET: &str = "whsec_demo_not_a_secret";
+
+/// What the toy API has done.
+#[derive(Default)]
+struct Counts {
+    charges: AtomicU64,
+    fulfilments: AtomicU64,
+}
+
 /// Starts the toy payments API on a free loopback port and returns its address.
 pub async fn start_toy_payments() -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let address = listener.local_addr()?;
-    let charges = Arc::new(AtomicU64::new(0));
-    let handle = move |request| answer(request, charges.clone());
+    let counts = Arc::new(Counts::default());
+    let handle = move |request| answer(request, counts.clone());
     tokio::spawn(serve_internal(listener, "toy payments", handle, std::future::pending()));
     Ok(address)
 }
 
-async fn answer(request: Request<Incoming>, charges: Arc<AtomicU64>) -> Response<ResponseBody> {
+/// The demo's webhook route to the toy API at `toy`: Stripe's scheme,
+/// [`WEBHOOK_SECRET`], the event's `id` as the key, kept for Stripe's
+/// three days of redeliveries. It goes ahead of the route `/`.
+pub fn webhook_route(toy: SocketAddr) -> RouteConfig {
+    RouteConfig {
+        name: "stripe-demo".into(),
+        prefix: "/webhooks/stripe".into(),
+        upstream: format!("http://{toy}"),
+        methods: vec!["POST".into()],
+        require_key: true,
+        keep_host: false,
+        ca_file: None,
+        max_connections: crate::config::DEFAULT_MAX_CONNECTIONS,
+        release_statuses: None,
+        on_unknown: None,
+        pool_idle_timeout: ConfigDuration(crate::config::DEFAULT_POOL_IDLE_TIMEOUT),
+        key: None,
+        webhook: Some(WebhookConfig {
+            scheme: Scheme::Stripe,
+            secrets: vec![Secret::new(WEBHOOK_SECRET)],
+            secrets_file: None,
+            tolerance: ConfigDuration(crate::config::DEFAULT_TOLERANCE),
+        }),
+        key_ttl: Some(ConfigDuration(Scheme::Stripe.retry_window())),
+    }
+}
+
+async fn answer(request: Request<Incoming>, counts: Arc<Counts>) -> Response<ResponseBody> {
+    let charges = &counts.charges;
     let (parts, body) = request.into_parts();
     let Ok(body) = body.collect().await.map(|collected| collected.to_bytes()) else {
         return json(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": "the request body broke off" }));
     };
     match (&parts.method, parts.uri.path()) {
         (&Method::POST, "/v1/charges") => match slow_ms(parts.uri.query()) {
-            Ok(wait) => charge(&body, wait, &charges).await,
+            Ok(wait) => charge(&body, wait, charges).await,
             Err(why) => json(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": why })),
         },
         (&Method::GET, "/v1/charges/count") => {
             json(StatusCode::OK, &serde_json::json!({ "charges_performed": charges.load(Ordering::SeqCst) }))
         }
+        (&Method::POST, "/webhooks/stripe") => {
+            let performed = counts.fulfilments.fetch_add(1, Ordering::SeqCst) + 1;
+            json(StatusCode::OK, &serde_json::json!({ "received": true, "fulfilments_performed": performed }))
+        }
+        (&Method::GET, "/v1/fulfilments/count") => json(
+            StatusCode::OK,
+            &serde_json::json!({ "fulfilments_performed": counts.fulfilments.load(Ordering::SeqCst) }),
+        ),
         _ => json(
             StatusCode::NOT_FOUND,
-            &serde_json::json!({ "error": "try POST /v1/charges or GET /v1/charges/count" }),
+            &serde_json::json!({ "error": "try POST /v1/charges, GET /v1/charges/count or GET /v1/fulfilments/count" }),
         ),
     }
 }
@@ -118,6 +169,7 @@ pub fn instructions(gateway: SocketAddr, admin: SocketAddr, config: &Config) -> 
     };
     let slow = curl("?slow_ms=3000", "order-1003", 700);
     let admin_step = admin_step(admin, config);
+    let webhook_steps = webhook_steps(&url);
     format!(
         r#"idemgate demo: gateway on {url} ({store}) in front of a toy payments API that is NOT idempotent.
 
@@ -136,11 +188,40 @@ pub fn instructions(gateway: SocketAddr, admin: SocketAddr, config: &Config) -> 
 6. Count what the toy API really charged: 3 (steps 1, 4 and 5):
    curl -s {url}/v1/charges/count
 {admin_step}
+{webhook_steps}
 
 Press Ctrl-C to stop."#,
         one = curl("", "order-1001", 500),
         mismatch = curl("", "order-1001", 900),
         new = curl("", "order-1002", 500),
+    )
+}
+
+/// Steps 8 and 9: a signed Stripe-style event delivered three times, one
+/// fulfilment. curl cannot sign, so openssl computes the HMAC as Stripe
+/// does (`t.body`, hex) at the moment the lines are pasted: a signature
+/// printed at start would be stale five minutes later.
+fn webhook_steps(url: &str) -> String {
+    let sign = |secret: &str| {
+        format!(r#"$(printf '%s.%s' "$T" "$BODY" | openssl dgst -sha256 -hmac '{secret}' | sed 's/^.* //')"#)
+    };
+    let deliver = |signature: &str| {
+        format!(
+            r#"curl -si -w '\n' {url}/webhooks/stripe -H "Stripe-Signature: t=$T,v1={signature}" -H 'Content-Type: application/json' -d "$BODY""#
+        )
+    };
+    format!(
+        r#"8. Receive a signed Stripe-style webhook event three times, as a provider redelivers it (route /webhooks/stripe,
+   secret {WEBHOOK_SECRET}): the first is fulfilled, the others get the stored answer (Idempotent-Replayed: true):
+   BODY='{{"id":"evt_demo_1","object":"event","type":"checkout.session.completed","pending_webhooks":1}}'
+   T=$(date +%s); SIG={sig}
+   for i in 1 2 3; do {delivery}; done
+9. A delivery signed with another secret gets 401 webhook-signature and reaches nothing; the toy API fulfilled 1:
+   {forged}
+   curl -s {url}/v1/fulfilments/count"#,
+        sig = sign(WEBHOOK_SECRET),
+        delivery = deliver("$SIG"),
+        forged = deliver(&sign("not-the-secret")),
     )
 }
 

@@ -14,8 +14,9 @@
 //!    pool, schema name, `sslmode`, migrations), [`metrics`] (the
 //!    Prometheus set), [`lease`] (holding a lease while work runs, settling
 //!    before it lapses), [`log_sink`] (the process's log output: one
-//!    buffer, one writer thread) and [`escape`] (outside text made safe for
-//!    a log line).
+//!    buffer, one writer thread), [`escape`] (outside text made safe for
+//!    a log line) and [`webhook`] (webhook providers' signature schemes:
+//!    verifying a delivery with rotated secrets, the clock passed in).
 //! 4. The domain rooms: [`store`] (the [`store::Store`] trait and its
 //!    backends — embedded memory, Redis, Redis Cluster, Postgres — held to
 //!    one conformance suite), [`gateway`] (the reverse proxy: routing, the
@@ -47,3 +48,4 @@ pub mod metrics;
 pub mod outbox;
 pub mod postgres;
 pub mod store;
+pub mod webhook;

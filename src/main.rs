@@ -118,7 +118,10 @@ impl DemoArgs {
             upstream: Some(format!("http://{toy}")),
             ..Default::default()
         };
-        Config::load(None, std::env::vars(), &flags).map_err(|e| e.to_string())
+        let mut config = Config::load(None, std::env::vars(), &flags).map_err(|e| e.to_string())?;
+        // Ahead of `/`, which would take every path: first match wins.
+        config.routes.insert(0, idemgate::demo::webhook_route(toy));
+        Ok(config)
     }
 }
 

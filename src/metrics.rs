@@ -20,6 +20,12 @@ pub struct Metrics {
     registry: Registry,
     /// `idemgate_requests_total{route, outcome}`.
     pub requests: IntCounterVec,
+    /// `idemgate_webhook_deliveries_total{route, outcome}` (verified,
+    /// signature_failed, timestamp_failed, replayed).
+    pub webhook_deliveries: IntCounterVec,
+    /// `idemgate_webhook_refusals_total{route, reason}` (missing, repeated,
+    /// malformed, mismatch, stale, future).
+    pub webhook_refusals: IntCounterVec,
     /// `idemgate_upstream_duration_seconds{route}`.
     pub upstream_latency: HistogramVec,
     /// `idemgate_store_duration_seconds{operation}`.
@@ -94,6 +100,17 @@ impl Metrics {
         registry.register(Box::new(crate::log_sink::DROPPED.clone())).expect("unique metric name");
         Self {
             requests: counter_vec("idemgate_requests_total", "Requests by route and outcome.", &["route", "outcome"]),
+            webhook_deliveries: counter_vec(
+                "idemgate_webhook_deliveries_total",
+                "Webhook deliveries by route and outcome: verified (and not answered from the store), \
+                 signature_failed, timestamp_failed, replayed (a verified redelivery answered from the store).",
+                &["route", "outcome"],
+            ),
+            webhook_refusals: counter_vec(
+                "idemgate_webhook_refusals_total",
+                "Webhook deliveries refused with 401, by route and reason.",
+                &["route", "reason"],
+            ),
             upstream_latency: histogram_vec(
                 "idemgate_upstream_duration_seconds",
                 "Time from forwarding a request to having its response (stored part read).",

@@ -84,7 +84,7 @@ def main(doc):
     runner = Runner(args, stack)
     correct = True
     try:
-        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "P11", "T1", "D1")):
+        if any(wanted(s) for s in ("P1", "P2", "P3", "P4", "P5", "P6", "P10", "P11", "T1", "D1", "W1")):
             correct = gateway_scenarios(runner, stack, procs, nginx, wanted, workdir)
         if any(wanted(s) for s in ("P7", "B1", "B2", "P8", "P9", "R1", "E1", "E2", "E3", "E4")):
             outbox_scenarios(runner, procs, workdir, wanted)

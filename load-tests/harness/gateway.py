@@ -1,4 +1,4 @@
-"""The gateway's scenarios, P1–P6, P10, P11 and T1 (PERFORMANCE.md), against one set of servers.
+"""The gateway's scenarios, P1–P6, P10, P11, T1 and W1 (PERFORMANCE.md), against one set of servers.
 
 gateway_scenarios starts the servers once for all of them (the upstream,
 nginx, the floors, Redis and the gateways, once per --runtimes entry) and
@@ -21,6 +21,7 @@ from .shared import NONCE, free_port, rss_kib, say
 from .measuring import lt, ratio_of, summarize, wrk
 from .setup import gateway_name
 from .throughput import labelled, throughput
+from .webhooks import w1
 
 
 def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
@@ -66,6 +67,8 @@ def gateway_scenarios(runner, stack, procs, nginx, wanted, workdir):
         memory_at_connections(runner, stack, procs)
     if wanted("D1"):
         durability_cost(runner, stack, procs, up)
+    if wanted("W1"):
+        w1(runner, stack, up)
     # Idle, but they hold ports and memory: stopped before the outbox scenarios run.
     procs.stop_all()
     return correct

@@ -25,6 +25,29 @@ from .shared import HERE, LUA, cpu_seconds
 WRK_RUNS = [0]
 
 
+def generate(port, seconds, settings, env):
+    """One closed-loop measurement: wrk, or `lt webhook` when env names it (LT_GENERATOR=webhook)."""
+    if env.get("LT_GENERATOR") == "webhook":
+        return lt_webhook(port, seconds, settings, env)
+    return wrk(port, seconds, settings, env)
+
+
+def lt_webhook(port, seconds, settings, env):
+    """`lt webhook` (W1): Stripe-signed deliveries, each signed as it is sent; wrk's figures."""
+    argv = ["webhook", "--target", f"127.0.0.1:{port}", "--path", env["LT_PATH"], "--duration-ms",
+            str(seconds * 1000), "--connections", str(settings.connections), "--threads", str(settings.threads),
+            "--secret", env["LT_SECRET"], "--body-bytes", env.get("LT_BODY_BYTES", "2048"),
+            "--keys", env.get("LT_KEYS", "unique"), "--space", env.get("LT_SPACE", "100")]
+    prefix = env.get("LT_PREFIX", "w1")
+    if env.get("LT_KEYS", "unique") == "unique":
+        WRK_RUNS[0] += 1  # new event ids per run, as wrk's unique keys
+        prefix = f"{prefix}-{WRK_RUNS[0]}"
+    raw = lt([*argv, "--prefix", prefix], seconds + 60, settings.pin and settings.pin_generator)
+    raw["rps"] = raw["requests"] / (raw["duration_us"] / 1e6)
+    raw["errors"] = sum(raw[k] for k in ("connect_errors", "read_errors", "write_errors", "timeouts"))
+    return raw
+
+
 def wrk(port, seconds, settings, env):
     # A fresh key prefix per invocation: keys left in flight by the previous
     # run (a warm-up, say) must not turn into 409s or replays here.
@@ -62,11 +85,11 @@ class Runner:
         settings = self.args if not connections else argparse.Namespace(**{**vars(self.args),
                                                                             "connections": connections})
         if self.args.warmup > 0:
-            wrk(port, self.args.warmup, settings, env)
+            generate(port, self.args.warmup, settings, env)
         server = next(name for name, p in self.stack.ports.items() if p == port)
         perf = self.start_perf(scenario, server, label)
         before = self.cpu()
-        result = wrk(port, seconds, settings, env)
+        result = generate(port, seconds, settings, env)
         after = self.cpu()
         if perf:
             self.finish_perf(*perf)

@@ -70,7 +70,8 @@ http {{
     return conf
 
 
-def gateway_conf(workdir, name, port, store, upstream_port, request_log=False, runtime=None):
+def gateway_conf(workdir, name, port, store, upstream_port, request_log=False, runtime=None, routes=None):
+    """routes: the [[routes]] tables (UPSTREAM for the upstream's URL); default one guarded route "/"."""
     conf = workdir / f"{name}.toml"
     # "info" is the default: one line per request, like nginx's access log;
     # "warn" has no per-request line, like nginx with access_log off.
@@ -89,13 +90,18 @@ level = "{level}"
 [gateway]
 key_ttl = "10m"
 
+{(routes or DEFAULT_ROUTE).replace("UPSTREAM", f"http://127.0.0.1:{upstream_port}")}
+""")
+    return conf
+
+
+DEFAULT_ROUTE = """
 [[routes]]
 name = "bench"
 prefix = "/"
-upstream = "http://127.0.0.1:{upstream_port}"
+upstream = "UPSTREAM"
 methods = ["POST"]
-""")
-    return conf
+"""
 
 
 def gateway_name(base, runtime):
@@ -133,9 +139,9 @@ class Stack:
         say("redis-server not found: using the shared Redis on 127.0.0.1:6379 with a run-unique prefix")
         return f"redis://127.0.0.1:6379/0?prefix=idemgate-lt-{NONCE}:"
 
-    def start_gateway(self, name, store, upstream_port, request_log=False, runtime=None):
+    def start_gateway(self, name, store, upstream_port, request_log=False, runtime=None, routes=None):
         port = free_port()
-        conf = gateway_conf(self.workdir, name, port, store, upstream_port, request_log, runtime)
+        conf = gateway_conf(self.workdir, name, port, store, upstream_port, request_log, runtime, routes)
         proc = self.procs.start(name, [str(shared.GATEWAY), "serve", "--config", str(conf)], port)
         self.ports[name], self.pids[name] = port, proc.pid
         return port

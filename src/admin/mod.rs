@@ -5,8 +5,8 @@
 //! | GET | `/healthz` | none | the process is alive |
 //! | GET | `/readyz` | none | the store (and the outbox database, if configured) answers (`503` if not) |
 //! | GET | `/metrics` | none | Prometheus text format |
-//! | GET | `/admin/keys/{key}?tenant=…` | bearer | a key's record, metadata only |
-//! | DELETE | `/admin/keys/{key}?tenant=…` | bearer | purge a key's record |
+//! | GET | `/admin/keys/{key}?tenant=…&route=…` | bearer | a key's record, metadata only |
+//! | DELETE | `/admin/keys/{key}?tenant=…&route=…` | bearer | purge a key's record |
 //! | GET | `/admin/gateway/outcomes` | bearer | requests per outcome in each of the last minutes |
 //! | GET | `/admin/outbox/destinations?limit=N` | bearer | per destination: ready, leased, dead, held, oldest ready age |
 //! | GET | `/admin/outbox/dead?limit=N&offset=M&destination=D` | bearer | dead outbox rows, oldest first, a page |
@@ -19,7 +19,10 @@
 //! apart from client traffic. `tenant` is the value the configured tenant
 //! source reads — the client's full `Authorization` value, the tenant
 //! header's value, or nothing for a fixed tenant — so an operator addresses
-//! exactly the record that client's retries would, and no other. The
+//! exactly the record that client's retries would, and no other. `route`
+//! names a route whose keys come from another source (a webhook's event
+//! ids, a field of the body), which are scoped by that route too; on a
+//! webhook route the route is the tenant, and `tenant` is not taken. The
 //! stored body is never returned: it may hold a customer's data.
 //! [`ROUTES`] lists the routes; a test keeps it and `openapi.yaml` in step,
 //! and one keeps the router (`router`, shared with the relay) and it.
@@ -134,8 +137,24 @@ impl<S: Store> Admin<S> {
             Ok(value) => value,
             Err(why) => return Problem::BadAdminRequest(why).to_response(),
         };
-        let tenant = self.gateway.tenant_source().tenant_from_value(tenant_value.as_deref());
-        let scoped = ScopedKey::new(&tenant, &key);
+        let route_name = match query::param(request.uri().query(), "route") {
+            Ok(value) => value,
+            Err(why) => return Problem::BadAdminRequest(why).to_response(),
+        };
+        let tenant = || self.gateway.tenant_source().tenant_from_value(tenant_value.as_deref());
+        let scoped = match route_name.map(|name| self.gateway.route_named(&name).ok_or(name)) {
+            None => ScopedKey::new(&tenant(), &key),
+            Some(Err(name)) => return Problem::BadAdminRequest(format!("no route is named {name:?}")).to_response(),
+            Some(Ok(route)) => match (&route.webhook, route.key.route_scoped()) {
+                (Some(_), _) if tenant_value.is_some() => {
+                    let why = "a webhook route is its own tenant: leave out the tenant parameter";
+                    return Problem::BadAdminRequest(why.into()).to_response();
+                }
+                (Some(webhook), _) => ScopedKey::for_route(&webhook.tenant, &route.name, &key),
+                (None, true) => ScopedKey::for_route(&tenant(), &route.name, &key),
+                (None, false) => ScopedKey::new(&tenant(), &key),
+            },
+        };
         let store = self.gateway.store();
         if purge {
             return match store.purge(&scoped).await {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ByteSize, ConfigDuration, TenantConfig, TenantQuota};
+use super::{ByteSize, ConfigDuration, KeySource, TenantConfig, TenantQuota, WebhookConfig};
 
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -210,6 +210,29 @@ pub struct RouteConfig {
     /// keep it below the upstream's own keep-alive timeout.
     #[serde(default = "default_pool_idle_timeout")]
     pub pool_idle_timeout: ConfigDuration,
+    /// Where the key comes from; unset: the webhook scheme's event id, or
+    /// the `Idempotency-Key` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeySource>,
+    /// Verify deliveries of a webhook provider before anything is stored
+    /// or forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookConfig>,
+    /// Overrides `gateway.key_ttl` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_ttl: Option<ConfigDuration>,
+}
+
+impl RouteConfig {
+    /// The key source in effect: `key`, else the webhook scheme's, else
+    /// the `Idempotency-Key` header.
+    pub fn key_source(&self) -> KeySource {
+        match (&self.key, &self.webhook) {
+            (Some(key), _) => key.clone(),
+            (None, Some(webhook)) => webhook.scheme.default_key(),
+            (None, None) => KeySource::default(),
+        }
+    }
 }
 
 pub(super) fn default_prefix() -> String {

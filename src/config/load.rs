@@ -81,6 +81,9 @@ impl Config {
                 release_statuses: None,
                 on_unknown: None,
                 pool_idle_timeout: default_pool_idle_timeout(),
+                key: None,
+                webhook: None,
+                key_ttl: None,
             });
         }
         Ok(())
@@ -100,12 +103,21 @@ fn apply_env(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), Confi
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     let (last, parents) = segments.split_last().ok_or_else(|| ConfigError::Parse("empty environment path".into()))?;
+    let error = |why: String| ConfigError::Parse(format!("environment variable {ENV_PREFIX}{path}: {why}"));
     let mut current = table;
-    for segment in parents {
-        let entry = current.entry(segment.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        current = entry.as_table_mut().ok_or_else(|| {
-            ConfigError::Parse(format!("environment variable {ENV_PREFIX}{path}: {segment} is not a section"))
-        })?;
+    let mut parents = parents.iter();
+    while let Some(segment) = parents.next() {
+        let mut entry = current.entry(segment.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        // An array of tables (`[[routes]]`) is entered by index, and only
+        // into a table the file has: `IDEMGATE__ROUTES__0__WEBHOOK__SECRETS_FILE`.
+        if let toml::Value::Array(items) = entry {
+            let index = parents.next().and_then(|i| i.parse::<usize>().ok());
+            let len = items.len();
+            entry = index
+                .and_then(|i| items.get_mut(i))
+                .ok_or_else(|| error(format!("{segment} is a list of {len}: name one of them by its index, from 0")))?;
+        }
+        current = entry.as_table_mut().ok_or_else(|| error(format!("{segment} is not a section")))?;
     }
     current.insert(last.clone(), value);
     Ok(())

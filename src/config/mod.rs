@@ -24,6 +24,7 @@ mod secret;
 mod tenant;
 mod units;
 mod validate;
+mod webhook;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -43,6 +44,9 @@ pub use secret::{STORE_SCHEMES, Secret, ServiceUrl, StoreKind};
 pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};
 pub use units::{ByteSize, ConfigDuration};
 pub use validate::check_upstream_url;
+pub use webhook::{
+    DEFAULT_KEY_HEADER, DEFAULT_TOLERANCE, KeySource, MAX_SECRETS, Scheme, WebhookConfig, check_pointer,
+};
 
 /// Prefix of environment overrides: `IDEMGATE__GATEWAY__LEASE=10s`.
 pub const ENV_PREFIX: &str = "IDEMGATE__";

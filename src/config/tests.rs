@@ -37,6 +37,14 @@ upstream = "http://127.0.0.1:9000"
 methods = ["POST", "PATCH"]
 require_key = true
 
+[[routes]]
+name = "stripe-events"
+prefix = "/webhooks/stripe"
+upstream = "http://127.0.0.1:9000"
+key = { json = "/id" }
+webhook = { scheme = "stripe", secrets_file = "/run/secrets/stripe-whsec" }
+key_ttl = "7d"
+
 [relay]
 database_url = "postgres://postgres@127.0.0.1:5432/app"
 
@@ -54,6 +62,8 @@ fn the_design_sample_loads() {
     assert!(config.routes[0].require_key);
     assert_eq!(config.gateway.lease.0, Duration::from_secs(30));
     assert_eq!(config.destinations["email"].max_attempts, 12);
+    assert_eq!(config.routes[1].webhook.as_ref().map(|w| w.scheme), Some(Scheme::Stripe));
+    assert_eq!(config.routes[1].key_source(), KeySource::Json("/id".into()));
 }
 
 #[test]
@@ -178,6 +188,76 @@ fn errors_name_the_field_and_what_was_expected_but_not_the_value_found() {
     }
 }
 
+const WEBHOOK_ROUTE: &str = r#"
+[[routes]]
+name = "stripe-events"
+prefix = "/webhooks/stripe"
+upstream = "http://127.0.0.1:9000"
+webhook = { scheme = "stripe", secrets = ["whsec_old-hunter2", "whsec_new-hunter3"] }
+"#;
+
+#[test]
+fn a_webhook_route_takes_its_schemes_key_and_never_prints_its_secrets() {
+    let config = load(&format!("{WEBHOOK_ROUTE}key_ttl = \"7d\"\n"), &[], &Overrides::default()).unwrap();
+    let route = &config.routes[0];
+    assert_eq!(route.key_source(), KeySource::Json("/id".into()));
+    assert_eq!(route.key_ttl.unwrap().0, Duration::from_secs(7 * 86_400));
+    let printed = format!("{config:?} {}", toml::to_string(&config).unwrap());
+    assert!(!printed.contains("hunter") && printed.contains("[redacted]"), "{printed}");
+    assert!(config.validate().unwrap().is_empty(), "7d covers Stripe's three days");
+    let explicit = WEBHOOK_ROUTE.replace("webhook =", "key = { header = \"X-Event-Id\" }\nwebhook =");
+    let config = load(&explicit, &[], &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].key_source(), KeySource::Header("x-event-id".into()));
+}
+
+#[test]
+fn the_environment_reaches_a_route_of_the_file_by_its_index() {
+    let file =
+        WEBHOOK_ROUTE.replace("secrets = [\"whsec_old-hunter2\", \"whsec_new-hunter3\"]", "secrets_file = \"/f\"");
+    let env =
+        [("IDEMGATE__ROUTES__0__WEBHOOK__SECRETS_FILE", "/run/secrets/stripe"), ("IDEMGATE__ROUTES__0__KEY_TTL", "4d")];
+    let config = load(&file, &env, &Overrides::default()).unwrap();
+    let webhook = config.routes[0].webhook.as_ref().unwrap();
+    assert_eq!(webhook.secrets_file.as_deref(), Some(std::path::Path::new("/run/secrets/stripe")));
+    assert_eq!(config.routes[0].key_ttl.unwrap().0, Duration::from_secs(4 * 86_400));
+    let env = [("IDEMGATE__ROUTES__0__WEBHOOK__SECRETS", "[\"whsec_env-hunter4\"]")];
+    let config = load(WEBHOOK_ROUTE, &env, &Overrides::default()).unwrap();
+    assert_eq!(config.routes[0].webhook.as_ref().unwrap().secrets, [Secret::new("whsec_env-hunter4")]);
+    assert!(!toml::to_string(&config).unwrap().contains("hunter4"));
+    for missing in ["IDEMGATE__ROUTES__1__KEY_TTL", "IDEMGATE__ROUTES__KEY_TTL", "IDEMGATE__ROUTES__x__KEY_TTL"] {
+        let error = load(&file, &[(missing, "4d")], &Overrides::default()).unwrap_err().to_string();
+        assert!(error.contains("routes is a list of 1"), "{missing}: {error}");
+    }
+}
+
+#[test]
+fn a_key_ttl_shorter_than_the_providers_retry_window_is_a_warning() {
+    let config = load(WEBHOOK_ROUTE, &[], &Overrides::default()).unwrap();
+    let warnings = config.validate().unwrap();
+    assert!(warnings.iter().any(|w| w.contains("stripe-events") && w.contains("retry window")), "{warnings:?}");
+    assert!(!warnings.iter().any(|w| w.contains("hunter")), "{warnings:?}");
+}
+
+#[test]
+fn bad_key_sources_and_webhooks_are_refused_naming_the_field() {
+    let route = "[[routes]]\nname = \"w\"\nupstream = \"http://127.0.0.1:1\"\n";
+    for (extra, expected) in [
+        ("key = { json = \"id\" }", "starts with '/'"),
+        ("key = { json = \"/a~2\" }", "RFC 6901"),
+        ("key = { json = \"/id\", header = \"x\" }", "exactly one"),
+        ("key = { header = \"bad header\" }", "not a valid header name"),
+        ("webhook = { scheme = \"paypal\", secrets = [\"s\"] }", "unknown variant"),
+        ("webhook = { scheme = \"github\" }", "secrets"),
+        ("webhook = { scheme = \"github\", secrets = [\"s\"], secrets_file = \"/f\" }", "not both"),
+        ("webhook = { scheme = \"github\", secrets = [\"s\"], tolerance = \"0s\" }", "tolerance"),
+        ("methods = [\"PUT\"]\nwebhook = { scheme = \"github\", secrets = [\"s\"] }", "must guard POST"),
+        ("key_ttl = \"1s\"", "key_ttl"),
+    ] {
+        let err = load(&format!("{route}{extra}\n"), &[], &Overrides::default()).unwrap_err().to_string();
+        assert!(err.contains(expected), "{extra}: {err}");
+    }
+}
+
 /// `docs/configuration.md`, the configuration reference.
 const REFERENCE: &str = include_str!("../../docs/configuration.md");
 
@@ -257,6 +337,8 @@ fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("gateway.tenant", fields_of::<TenantConfig>()),
         ("gateway.tenant_quota", fields_of::<crate::config::TenantQuota>()),
         ("routes[]", fields_of::<RouteConfig>()),
+        ("routes[].key", fields_of::<KeySource>()),
+        ("routes[].webhook", fields_of::<WebhookConfig>()),
         ("admin", fields_of::<AdminConfig>()),
         ("store_encryption", fields_of::<StoreEncryptionConfig>()),
         ("relay", fields_of::<RelayConfig>()),

@@ -110,6 +110,7 @@ impl Config {
                     return invalid(format!("route {:?}: {method:?} is not an HTTP method", route.name));
                 }
             }
+            check_route_keys(route, g, &mut warnings)?;
         }
         let release_lists =
             std::iter::once(&g.release_statuses).chain(self.routes.iter().filter_map(|r| r.release_statuses.as_ref()));
@@ -123,6 +124,37 @@ impl Config {
         super::relay::validate(&self.relay, &self.destinations, &mut warnings)?;
         Ok(warnings)
     }
+}
+
+/// A route's key source, `key_ttl` and webhook intake.
+fn check_route_keys(
+    route: &super::RouteConfig,
+    g: &super::GatewayConfig,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(format!("route {:?}: {m}", route.name)));
+    let key_ttl = route.key_ttl.unwrap_or(g.key_ttl);
+    if key_ttl.0 < g.lease.0 {
+        return invalid(format!("key_ttl = {key_ttl} must not be shorter than gateway.lease = {}", g.lease));
+    }
+    let Some(webhook) = &route.webhook else { return Ok(()) };
+    webhook.check().map_err(|m| ConfigError::Invalid(format!("route {:?}: {m}", route.name)))?;
+    // Providers deliver with POST; a webhook route that did not guard it
+    // would pass every delivery through unverified.
+    if !route.methods.iter().any(|m| m.eq_ignore_ascii_case("POST")) {
+        return invalid("a webhook route must guard POST (methods)".into());
+    }
+    let scheme = webhook.scheme;
+    if key_ttl.0 < scheme.retry_window() {
+        warnings.push(format!(
+            "route {:?}: key_ttl = {key_ttl} is shorter than the {} retry window ({}): a redelivery after key_ttl is \
+             forwarded again; set the route's key_ttl to at least that",
+            route.name,
+            scheme.name(),
+            super::ConfigDuration(scheme.retry_window()),
+        ));
+    }
+    Ok(())
 }
 
 /// The warning for `basic_user`: the name is taken on trust.

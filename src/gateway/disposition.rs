@@ -49,13 +49,17 @@ pub enum Disposition {
     ConnectionBusy,
     /// A new key of a tenant over its `tenant_quota` (`429`).
     TenantQuota,
+    /// A webhook delivery without a valid signature (`401`).
+    WebhookSignature,
+    /// A validly signed webhook delivery outside the timestamp tolerance (`401`).
+    WebhookTimestamp,
     /// No route matched (`404`). Keep it last: [`Disposition::COUNT`] counts up to it.
     NoRoute,
 }
 
 impl Disposition {
     /// Every disposition, in declaration order: `ALL[d as usize] == d`.
-    pub const ALL: [Disposition; 23] = [
+    pub const ALL: [Disposition; 25] = [
         Self::Passthrough,
         Self::Forwarded,
         Self::Released,
@@ -78,6 +82,8 @@ impl Disposition {
         Self::Ambiguous,
         Self::ConnectionBusy,
         Self::TenantQuota,
+        Self::WebhookSignature,
+        Self::WebhookTimestamp,
         Self::NoRoute,
     ];
 
@@ -114,6 +120,8 @@ impl Disposition {
             Self::Ambiguous => "ambiguous",
             Self::ConnectionBusy => "connection-busy",
             Self::TenantQuota => "tenant-quota",
+            Self::WebhookSignature => "webhook-signature",
+            Self::WebhookTimestamp => "webhook-timestamp",
             Self::NoRoute => "no-route",
         }
     }

@@ -10,6 +10,11 @@
 //! that disconnects cannot leave a record in flight: the attempt finishes
 //! and settles its record either way.
 //!
+//! Where the key is comes from the route ([`key`]): the `Idempotency-Key`
+//! header, another header, or a field of the body; a webhook route
+//! verifies each delivery's signature before anything else and takes the
+//! provider's event id as the key (see [`guard`]).
+//!
 //! [`server`] owns the listener and graceful shutdown; [`problem`] renders
 //! every error the gateway itself produces; [`tenant`] says whose key
 //! space a request's key lives in.
@@ -17,6 +22,8 @@
 mod disposition;
 mod guard;
 pub mod headers;
+pub mod key;
+mod passthrough;
 pub mod problem;
 pub mod recent;
 pub mod request_log;
@@ -36,10 +43,9 @@ use prometheus::{Histogram, IntCounter};
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
-use crate::http::body::{ResponseBody, boxed};
+use crate::http::body::ResponseBody;
 use crate::http::connection::ConnectionInfo;
-use crate::http::request_body::Paced;
-use crate::idempotency::{FingerprintPolicy, IdempotencyKey, StatusPolicy};
+use crate::idempotency::{FingerprintPolicy, StatusPolicy};
 use crate::metrics::{Metrics, Series};
 use crate::store::{Store, StoreError};
 pub use disposition::Disposition;
@@ -225,6 +231,11 @@ impl<S: Store> Gateway<S> {
         &self.recent
     }
 
+    /// The route of this name (admin API: a route's own key scope).
+    pub fn route_named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|route| route.name == name)
+    }
+
     /// The tenant source (admin API scopes keys the same way).
     pub fn tenant_source(&self) -> &TenantSource {
         &self.tenant
@@ -322,56 +333,19 @@ impl<S: Store> Gateway<S> {
             }
             Err(problem) => return (Disposition::Ambiguous, None, problem.to_response()),
         }
-        match IdempotencyKey::from_headers(request.headers()) {
-            Ok(Some(key)) => Box::pin(guard::run(self, route, request, key, connection)).await,
-            Ok(None) if route.require_key => (Disposition::MissingKey, None, Problem::MissingKey.to_response()),
+        // A key in the body, or a webhook delivery (verified before its
+        // key is even looked at), is resolved by the guard after the read.
+        if route.key.in_body() || route.webhook.is_some() {
+            return Box::pin(guard::run(self, route, request, None, connection)).await;
+        }
+        match route.key.find(request.headers(), &[]) {
+            Ok(Some(key)) => Box::pin(guard::run(self, route, request, Some(key), connection)).await,
+            Ok(None) if route.require_key => (Disposition::MissingKey, None, guard::missing_key(route).to_response()),
             Ok(None) => {
                 let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
                 (disposition, None, response)
             }
             Err(e) => (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response()),
-        }
-    }
-
-    /// Forwards without touching the store, streaming both bodies; a
-    /// client that stalls its body longer than `request_body_timeout`
-    /// between two chunks ends the upstream request. A failed forward is
-    /// counted as `upstream_error`, like a guarded one, so alerts on
-    /// upstream errors see unguarded traffic too.
-    async fn passthrough(
-        &self,
-        route: &Route,
-        request: Request<Incoming>,
-        connection: &ConnectionInfo,
-    ) -> (Disposition, Response<ResponseBody>) {
-        let (parts, body) = request.into_parts();
-        let body = match http_body::Body::is_end_stream(&body) {
-            true => boxed(body),
-            false => boxed(Paced::new(body, self.policy.request_body_timeout)),
-        };
-        let request = match rewrite::rewrite(route, parts, body, &connection.client, None) {
-            Ok(request) => request,
-            Err(e) => {
-                tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
-                return (Disposition::UpstreamError, Problem::Internal.to_response());
-            }
-        };
-        let sent = Instant::now();
-        let timeout = self.policy.upstream_timeout;
-        let result = tokio::time::timeout(timeout, route.upstream.send(request, timeout))
-            .await
-            .unwrap_or(Err(crate::http::client::UpstreamError::TimedOut(timeout)));
-        route.observe_upstream(&self.metrics, sent.elapsed());
-        match result {
-            Ok(response) => {
-                let (mut parts, body) = response.into_parts();
-                headers::clean_response_head(&mut parts);
-                (Disposition::Passthrough, Response::from_parts(parts, boxed(body)))
-            }
-            Err(e) => {
-                tracing::warn!(route = %route.name, error = %e, "upstream failed");
-                (Disposition::UpstreamError, guard::unguarded_problem(&e))
-            }
         }
     }
 

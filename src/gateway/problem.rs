@@ -14,6 +14,7 @@ use super::spelling::Ambiguity;
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::{KeyError, TenantError};
 use crate::store::QuotaLimit;
+use crate::webhook::{Failure, FailureKind};
 
 /// Prefix of every problem `type`; the suffix is [`Problem::slug`]. The
 /// HTTP parser's refusals ([`crate::http::refusal`]) share it.
@@ -24,6 +25,9 @@ pub use crate::http::refusal::TYPE_PREFIX;
 pub enum Problem {
     /// The route requires a key and the request has none.
     MissingKey,
+    /// The route takes its key from another source (named in the text:
+    /// "the webhook-id header", "the JSON body at /id") and the request has none.
+    MissingKeyIn(String),
     /// The key header is malformed.
     InvalidKey(KeyError),
     /// The header the tenant comes from appears more than once.
@@ -117,16 +121,29 @@ pub enum Problem {
     BadAdminRequest(String),
     /// Admin API: the outbox database could not be reached.
     OutboxUnavailable,
+    /// A webhook delivery without a valid signature by any configured secret.
+    WebhookSignature(&'static str),
+    /// A validly signed webhook delivery whose timestamp is outside `tolerance`.
+    WebhookTimestamp(&'static str),
     /// An internal failure (a bug): the request was not forwarded, or its
     /// outcome is unknown.
     Internal,
+}
+
+impl From<Failure> for Problem {
+    fn from(failure: Failure) -> Self {
+        match failure.kind {
+            FailureKind::Signature => Self::WebhookSignature(failure.why),
+            FailureKind::Timestamp => Self::WebhookTimestamp(failure.why),
+        }
+    }
 }
 
 impl Problem {
     /// The stable last segment of the `type` URI.
     pub fn slug(&self) -> &'static str {
         match self {
-            Self::MissingKey => "missing-key",
+            Self::MissingKey | Self::MissingKeyIn(_) => "missing-key",
             Self::InvalidKey(_) => "invalid-key",
             Self::AmbiguousTenant(_) => "ambiguous-tenant",
             Self::Unauthenticated { .. } => "unauthenticated",
@@ -155,6 +172,8 @@ impl Problem {
             Self::ForeignRequest(_) => "foreign-request",
             Self::BadAdminRequest(_) => "bad-request",
             Self::OutboxUnavailable => "outbox-unavailable",
+            Self::WebhookSignature(_) => "webhook-signature",
+            Self::WebhookTimestamp(_) => "webhook-timestamp",
             Self::Internal => "internal",
         }
     }
@@ -163,6 +182,7 @@ impl Problem {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::MissingKey
+            | Self::MissingKeyIn(_)
             | Self::InvalidKey(_)
             | Self::AmbiguousTenant(_)
             | Self::BadRequestBody
@@ -184,7 +204,10 @@ impl Problem {
             // the upstream did act and a retry can never get the response.
             Self::ResponseNotReplayable => StatusCode::GONE,
             Self::NoRoute | Self::NotFound => StatusCode::NOT_FOUND,
-            Self::Unauthorized | Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized
+            | Self::Unauthenticated { .. }
+            | Self::WebhookSignature(_)
+            | Self::WebhookTimestamp(_) => StatusCode::UNAUTHORIZED,
             Self::AdminDisabled | Self::ForeignRequest(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadAdminRequest(_) => StatusCode::BAD_REQUEST,
@@ -196,6 +219,7 @@ impl Problem {
     fn title(&self) -> &'static str {
         match self {
             Self::MissingKey => "Idempotency-Key required",
+            Self::MissingKeyIn(_) => "Key required",
             Self::InvalidKey(_) => "Invalid Idempotency-Key",
             Self::AmbiguousTenant(_) => "Ambiguous tenant",
             Self::Unauthenticated { .. } => "Credential required",
@@ -225,6 +249,8 @@ impl Problem {
             Self::ForeignRequest(_) => "Request from a web page refused",
             Self::BadAdminRequest(_) => "Bad request",
             Self::OutboxUnavailable => "Outbox database unavailable",
+            Self::WebhookSignature(_) => "Webhook signature invalid",
+            Self::WebhookTimestamp(_) => "Webhook timestamp outside tolerance",
             Self::Internal => "Internal gateway error",
         }
     }
@@ -232,6 +258,8 @@ impl Problem {
     fn detail(&self) -> String {
         match self {
             Self::MissingKey => "This endpoint requires an Idempotency-Key header on this method.".into(),
+            Self::MissingKeyIn(source) => format!("This route takes each request's key from {source}, and this request has none. It was not forwarded; nothing was recorded."),
+            Self::InvalidKey(e @ KeyError::Source(_)) => format!("{e}. It was not forwarded; nothing was recorded."),
             Self::InvalidKey(e) => format!("{e}. A key is 1 to 255 printable ASCII characters, sent once as a bare token or a quoted string."),
             Self::AmbiguousTenant(e) => format!("{e}. Send it once; the request was not forwarded."),
             Self::Unauthenticated { why, .. } => format!("{why}. This gateway files each request's Idempotency-Key under the principal its credential names, so a request without a valid credential has no key space; it was not forwarded and nothing was recorded."),
@@ -265,6 +293,8 @@ impl Problem {
             Self::ForeignRequest(why) => format!("This admin listener has no token (admin.auth = \"disabled\"), so it answers only requests addressed to its own address or localhost, and changes state only for requests no other web site sent. This one was refused: {why}. Use curl or the console on this address, or configure an admin token."),
             Self::BadAdminRequest(why) => why.clone(),
             Self::OutboxUnavailable => "The outbox database did not answer. Nothing was changed; try again.".into(),
+            Self::WebhookSignature(why) => format!("The delivery was not verified: {why}. It was not forwarded and nothing was recorded; check the route's webhook secrets and that the body reaches the gateway unchanged."),
+            Self::WebhookTimestamp(why) => format!("The delivery's signature is valid but {why}, so it may be a replay. It was not forwarded and nothing was recorded; check the sender's and this gateway's clocks."),
             Self::Internal => "The gateway failed internally. Retrying with the same key is safe.".into(),
         }
     }

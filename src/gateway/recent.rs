@@ -155,9 +155,8 @@ mod tests {
         let listed = |d: Disposition| match d {
             Passthrough | Forwarded | Released | Replayed | Conflict | Mismatch | MissingKey | InvalidKey
             | AmbiguousTenant | Unauthenticated | StoreError | FailOpen | UpstreamError | TimedOut | Unknown | Held
-            | NotReplayable | BadBody | BadHead | Ambiguous | ConnectionBusy | TenantQuota | NoRoute => {
-                Disposition::ALL.get(d as usize) == Some(&d)
-            }
+            | NotReplayable | BadBody | BadHead | Ambiguous | ConnectionBusy | TenantQuota | WebhookSignature
+            | WebhookTimestamp | NoRoute => Disposition::ALL.get(d as usize) == Some(&d),
         };
         assert!(Disposition::ALL.iter().all(|&d| listed(d)));
         assert!(listed(NoRoute) && NoRoute as usize == Disposition::ALL.len() - 1);

@@ -10,10 +10,12 @@ use http::{Method, Uri};
 use prometheus::{Histogram, IntCounter};
 
 use super::Disposition;
+use super::key::KeySource;
 use crate::config::{OnUnknown, RouteConfig, check_upstream_url};
 use crate::http::client::Upstream;
-use crate::idempotency::StatusPolicy;
+use crate::idempotency::{StatusPolicy, Tenant};
 use crate::metrics::{Metrics, Series};
+use crate::webhook::{Reason, Verifier};
 
 /// A route compiled from its config.
 #[derive(Debug, Clone)]
@@ -40,6 +42,49 @@ pub struct Route {
     pub latency: LatencyEstimate,
     /// This route's metric series, looked up once each.
     pub metrics: RouteMetrics,
+    /// Where a guarded request's key is.
+    pub key: KeySource,
+    /// Overrides `gateway.key_ttl`.
+    pub key_ttl: Option<Duration>,
+    /// A webhook route's verifier and tenant (the route itself).
+    pub webhook: Option<Arc<Webhook>>,
+}
+
+/// What a webhook route verifies deliveries with, and whose key space
+/// they live in: the route's own (`route:<name>`), since the signature
+/// says who sent a delivery and providers send no credential of a tenant.
+#[derive(Debug)]
+pub struct Webhook {
+    /// The scheme and its secrets.
+    pub verifier: Verifier,
+    /// The route as a tenant.
+    pub tenant: Tenant,
+}
+
+/// What became of a webhook delivery, as `idemgate_webhook_deliveries_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Verified, and not answered from the store.
+    Verified,
+    /// No valid signature (`401 webhook-signature`).
+    SignatureFailed,
+    /// Validly signed, outside the tolerance (`401 webhook-timestamp`).
+    TimestampFailed,
+    /// Verified, and answered from the store: a redelivery.
+    Replayed,
+}
+
+impl Delivery {
+    const COUNT: usize = 4;
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Verified => "verified",
+            Self::SignatureFailed => "signature_failed",
+            Self::TimestampFailed => "timestamp_failed",
+            Self::Replayed => "replayed",
+        }
+    }
 }
 
 /// A route's series of the request counter (one per outcome) and of the
@@ -49,6 +94,8 @@ pub struct Route {
 pub struct RouteMetrics {
     requests: Series<IntCounter, { Disposition::COUNT }>,
     upstream_latency: Series<Histogram, 1>,
+    deliveries: Series<IntCounter, { Delivery::COUNT }>,
+    refusals: Series<IntCounter, { Reason::ALL.len() }>,
 }
 
 impl Route {
@@ -56,6 +103,17 @@ impl Route {
     pub fn count_request(&self, metrics: &Metrics, outcome: Disposition) {
         let make = || metrics.requests.with_label_values(&[self.name.as_str(), outcome.as_str()]);
         self.metrics.requests.get(outcome.index(), make).inc();
+    }
+
+    /// Counts one webhook delivery in `idemgate_webhook_deliveries_total`,
+    /// and a refused one in `idemgate_webhook_refusals_total` by its reason.
+    pub fn count_delivery(&self, metrics: &Metrics, delivery: Delivery, refused: Option<Reason>) {
+        let make = || metrics.webhook_deliveries.with_label_values(&[self.name.as_str(), delivery.as_str()]);
+        self.metrics.deliveries.get(delivery as usize, make).inc();
+        if let Some(reason) = refused {
+            let make = || metrics.webhook_refusals.with_label_values(&[self.name.as_str(), reason.as_str()]);
+            self.metrics.refusals.get(reason as usize, make).inc();
+        }
     }
 
     /// Records one upstream call in `idemgate_upstream_duration_seconds`.
@@ -110,6 +168,24 @@ pub enum RouteError {
         #[source]
         source: crate::http::client::ClientError,
     },
+    /// The key source's header is not a header name.
+    #[error("route {route:?}: key.header: {source}")]
+    KeyHeader {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: http::header::InvalidHeaderName,
+    },
+    /// The webhook secrets cannot be used (a missing or empty file, say).
+    #[error("route {route:?}: {source}")]
+    Webhook {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: crate::webhook::SecretError,
+    },
     /// A guarded method is not an HTTP method.
     #[error("route {route:?}: {source}")]
     Method {
@@ -142,6 +218,16 @@ impl Route {
                     .map_err(|source| RouteError::Method { route: route(), source })
             })
             .collect::<Result<_, _>>()?;
+        let key = KeySource::from_config(&config.key_source())
+            .map_err(|source| RouteError::KeyHeader { route: route(), source })?;
+        let webhook = match &config.webhook {
+            Some(webhook) => Some(Arc::new(Webhook {
+                verifier: Verifier::from_config(webhook)
+                    .map_err(|source| RouteError::Webhook { route: route(), source })?,
+                tenant: Tenant::from_bytes(format!("route:{}", config.name)),
+            })),
+            None => None,
+        };
         Ok(Self {
             name: config.name.clone(),
             prefix: config.prefix.clone(),
@@ -158,6 +244,9 @@ impl Route {
             upstream,
             latency: LatencyEstimate::default(),
             metrics: RouteMetrics::default(),
+            key,
+            key_ttl: config.key_ttl.map(|ttl| ttl.0),
+            webhook,
         })
     }
 
@@ -237,6 +326,9 @@ mod tests {
             release_statuses: None,
             on_unknown: None,
             pool_idle_timeout: crate::config::ConfigDuration(crate::config::DEFAULT_POOL_IDLE_TIMEOUT),
+            key: None,
+            webhook: None,
+            key_ttl: None,
         }
     }
 

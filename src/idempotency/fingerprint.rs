@@ -53,6 +53,16 @@ impl Default for FingerprintPolicy {
     }
 }
 
+impl Fingerprint {
+    /// A verified webhook delivery's fingerprint: its event id alone. A
+    /// provider's redelivery may change bookkeeping fields of the body
+    /// (Stripe's `pending_webhooks`) and its signature already says who
+    /// sent it, so a redelivery is the same request whatever its body.
+    pub fn of_event(event_id: &super::IdempotencyKey) -> Self {
+        Self(super::hash::hash_fields(&[b"webhook-event", event_id.as_str().as_bytes()]))
+    }
+}
+
 impl FingerprintPolicy {
     /// Fingerprints a request whose body has been read in full.
     pub fn fingerprint(&self, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Fingerprint {

@@ -41,6 +41,10 @@ pub enum KeyError {
     /// A bare token containing a separator (looks like a list or parameters).
     #[error("the Idempotency-Key must be a single string, not a list or parameters")]
     NotSingle,
+    /// A key from a route's other source (a named header, a JSON pointer)
+    /// is unusable; the text names the source and why, never the value.
+    #[error("{0}")]
+    Source(String),
 }
 
 impl IdempotencyKey {

@@ -88,6 +88,17 @@ impl ScopedKey {
         Self { digest, tenant: tenant.id() }
     }
 
+    /// Scopes a key from a route's own source (a provider's event id, a
+    /// field of the body) to its tenant and its route:
+    /// `sha256(tenant ‖ route ‖ key)`, so two routes' id spaces never meet.
+    /// Three fields, where [`ScopedKey::new`] hashes two: the length
+    /// prefixes keep the two forms apart, and `new`'s digests, which
+    /// stored records are addressed by, stay what they were.
+    pub fn for_route(tenant: &Tenant, route: &str, key: &IdempotencyKey) -> Self {
+        let digest = hash_fields(&[&tenant.0, route.as_bytes(), key.as_str().as_bytes()]);
+        Self { digest, tenant: tenant.id() }
+    }
+
     /// Wraps a digest read back from a store; its tenant is
     /// [`TenantId::default`] (tests, where no quota is counted).
     pub fn from_digest(digest: [u8; 32]) -> Self {
@@ -148,6 +159,17 @@ mod tests {
         let a = Tenant::from_bytes("a");
         assert_ne!(ScopedKey::new(&ab, &key("c")), ScopedKey::new(&a, &key("bc")));
         assert_eq!(ScopedKey::new(&a, &key("c")), ScopedKey::new(&a, &key("c")));
+    }
+
+    #[test]
+    fn a_route_scoped_key_meets_neither_another_route_nor_the_default_scope() {
+        let tenant = Tenant::from_bytes("route:stripe");
+        let routed = ScopedKey::for_route(&tenant, "stripe", &key("evt_1"));
+        assert_ne!(routed, ScopedKey::for_route(&tenant, "github", &key("evt_1")));
+        assert_ne!(routed, ScopedKey::new(&tenant, &key("evt_1")));
+        assert_eq!(routed.tenant(), tenant.id());
+        // The default scope's digest is pinned: records stored before key sources existed stay addressable.
+        assert_eq!(ScopedKey::new(&Tenant::from_bytes("t"), &key("k")).to_hex(), to_hex(&hash_fields(&[b"t", b"k"])));
     }
 
     #[test]

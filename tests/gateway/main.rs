@@ -16,7 +16,9 @@
 //! - [`log_output`]: requests never wait for a log nobody reads;
 //! - [`admin`]: the admin listener and `openapi.yaml` in step;
 //! - [`tenant_quota`]: a tenant flooding new keys is held to its quota
-//!   while a quiet one is served, on every store.
+//!   while a quiet one is served, on every store;
+//! - [`webhooks`]: provider deliveries verified, forwarded once byte for
+//!   byte, redeliveries answered from the store, forgeries refused.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -29,3 +31,4 @@ mod memory_store;
 mod protocols;
 mod tenant_quota;
 mod upstream_pool;
+mod webhooks;

@@ -183,3 +183,52 @@ fn a_parse_error_on_a_line_holding_a_secret_names_its_position_and_never_the_val
     assert!(err.contains("relay.listen: invalid type: string, expected a boolean"), "{err}");
     assert!(!err.contains("S3cretPw"), "{err}");
 }
+
+#[test]
+fn a_webhook_route_is_warned_about_a_short_key_ttl_and_never_shows_its_secrets() {
+    let config = ConfigFile::new(
+        r#"
+[[routes]]
+name = "stripe-events"
+prefix = "/webhooks/stripe"
+upstream = "http://127.0.0.1:9"
+webhook = { scheme = "stripe", secrets = ["whsec_hunter2_old", "whsec_hunter2_new"] }
+key_ttl = "1d"
+
+[[routes]]
+name = "shopify-orders"
+prefix = "/webhooks/shopify"
+upstream = "http://127.0.0.1:9"
+webhook = { scheme = "shopify", secrets = ["shpss_hunter2"] }
+"#,
+    );
+    let output = check_config(&config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (printed, warnings) = (String::from_utf8_lossy(&output.stdout), stderr(&output));
+    assert!(!printed.contains("hunter2") && !warnings.contains("hunter2"), "{printed}\n{warnings}");
+    assert!(printed.contains("[redacted]"), "{printed}");
+    assert!(
+        warnings.contains("route \"stripe-events\": key_ttl = 1d is shorter than the stripe retry window"),
+        "{warnings}"
+    );
+    assert!(!warnings.contains("shopify-orders"), "24h covers Shopify's 4 hours: {warnings}");
+}
+
+#[test]
+fn an_empty_secrets_file_stops_check_config_naming_the_file() {
+    let config = ConfigFile::new("");
+    let secrets = std::path::Path::new(config.path()).with_file_name("stripe-whsec");
+    std::fs::write(&secrets, "# rotated: nothing yet\n\n").unwrap();
+    let config = ConfigFile::new(&format!(
+        "[[routes]]\nname = \"hooks\"\nupstream = \"http://127.0.0.1:9\"\nwebhook = {{ scheme = \"stripe\", secrets_file = {:?} }}\n",
+        secrets.to_str().unwrap()
+    ));
+    let output = check_config(&config);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("holds no secret") && stderr(&output).contains("stripe-whsec"),
+        "{}",
+        stderr(&output)
+    );
+    drop(secrets);
+}

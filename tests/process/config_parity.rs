@@ -169,6 +169,12 @@ async fn check_config_accepts_exactly_what_serve_and_relay_start_with() {
             None,
         ),
         Case::relay("a relay with one destination", &destination("timeout = \"5s\""), None),
+        Case::serve(
+            "a webhook route whose secret comes from the environment",
+            &route("webhook = { scheme = \"stripe\", secrets = [\"placeholder\"] }"),
+            None,
+        )
+        .env("IDEMGATE__ROUTES__0__WEBHOOK__SECRETS", &format!("[\"whsec_{PASSWORD}\"]")),
         // Bad configs: the same refusal from both.
         Case::serve("a 5-character admin token", &route(""), Some("at least 16 characters"))
             .env("IDEMGATE__ADMIN__TOKEN", "short"),
@@ -194,6 +200,16 @@ async fn check_config_accepts_exactly_what_serve_and_relay_start_with() {
             "a store URL with a password and no host",
             &format!("store = \"redis://:{PASSWORD}@/0\"\n{}", route("")),
             Some("store"),
+        ),
+        Case::serve(
+            "a webhook secrets file that does not exist",
+            &route("webhook = { scheme = \"github\", secrets_file = \"/nonexistent/github-secret\" }"),
+            Some("/nonexistent/github-secret"),
+        ),
+        Case::serve(
+            "a webhook scheme nobody has",
+            &route("webhook = { scheme = \"paypal\", secrets = [\"s\"] }"),
+            Some("unknown variant"),
         ),
         Case::serve("a misspelt field", &format!("[gateway]\nleese = \"30s\"\n{}", route("")), Some("leese")),
         Case::serve("a duration without a unit", &format!("[gateway]\nlease = \"30\"\n{}", route("")), Some("lease")),

@@ -283,3 +283,32 @@ async fn without_a_token_the_instructions_say_how_to_turn_the_admin_api_on() {
     let metrics = send("GET", &format!("http://{}/metrics", demo.admin), &[], "").await;
     assert_eq!(metrics.status, 200, "metrics need no token, as printed");
 }
+
+/// Steps 8 and 9 exactly as printed, pasted into bash: the lines a
+/// newcomer runs (they need curl and openssl, as docs/demo.md says).
+#[tokio::test]
+async fn the_printed_webhook_lines_deliver_one_event_three_times_and_fulfil_it_once() {
+    for tool in ["bash", "curl", "openssl"] {
+        if Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().map_or(true, |o| !o.status.success())
+        {
+            eprintln!("skipped: {tool} is not installed");
+            return;
+        }
+    }
+    let demo = Demo::start(&[]);
+    let printed = demo.stdout();
+    let steps = &printed[printed.find("\n8. ").expect("step 8")..printed.find("\n\nPress").expect("the end")];
+    let script: Vec<&str> =
+        steps.lines().filter_map(|line| line.strip_prefix("   ")).filter(|line| !line.starts_with("secret ")).collect();
+    let script = script.join("\n");
+    let output = tokio::task::spawn_blocking(move || Command::new("bash").args(["-c", &script]).output())
+        .await
+        .unwrap()
+        .expect("run bash");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 3, "{out}");
+    assert_eq!(out.matches("idempotent-replayed: true").count(), 2, "{out}");
+    assert!(out.contains("HTTP/1.1 401 Unauthorized") && out.contains("webhook-signature"), "{out}");
+    assert!(out.trim_end().ends_with(r#"{"fulfilments_performed":1}"#), "{out}");
+}

@@ -34,6 +34,7 @@ pub struct Effects {
     most_at_once: AtomicU64,
     by_key: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<HeaderMap>>,
+    last_body: Mutex<Bytes>,
     finished_signal: Notify,
     started_signal: Notify,
 }
@@ -87,6 +88,11 @@ impl Upstream {
     /// Headers of the last request received.
     pub fn last_headers(&self) -> HeaderMap {
         self.effects.last_headers.lock().unwrap().clone().unwrap_or_default()
+    }
+
+    /// The body of the last request received.
+    pub fn last_body(&self) -> Bytes {
+        self.effects.last_body.lock().unwrap().clone()
     }
 
     /// The most requests the upstream was handling at once.
@@ -143,6 +149,7 @@ async fn handle(request: Request<Incoming>, effects: Arc<Effects>) -> Result<Res
     let ms = query_number(&request, "ms");
     let bytes = query_number(&request, "bytes");
     let body = request.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    *effects.last_body.lock().unwrap() = body.clone();
     let result = match path.as_str() {
         "/reset" => Err(std::io::Error::other("reset on purpose")),
         "/status" => Ok(reply(StatusCode::from_u16(code as u16).unwrap(), format!("{{\"effect\":{n}}}"))),

@@ -62,4 +62,24 @@ impl Connection {
         response.into_body().collect().await.map_err(|e| format!("body: {e}"))?;
         Ok(Answer { status, replayed })
     }
+
+    /// Sends one Stripe-style delivery (W1): a JSON body and its
+    /// `Stripe-Signature`; reads the whole response.
+    pub async fn send_signed(&mut self, path: &str, signature: &str, body: Bytes) -> Result<StatusCode, String> {
+        if self.sender.ready().await.is_err() {
+            *self = Self::open(self.addr).await?;
+        }
+        let request = Request::builder()
+            .method(http::Method::POST)
+            .uri(path)
+            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("stripe-signature", signature)
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let response = self.sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+        let status = response.status();
+        response.into_body().collect().await.map_err(|e| format!("body: {e}"))?;
+        Ok(status)
+    }
 }

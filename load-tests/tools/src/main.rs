@@ -18,6 +18,8 @@
 //!   work-stealing) that P1 is measured against.
 //! - `floor-answer`: the *replay floor*, the same server answering a fixed
 //!   `201` (P4, P11).
+//! - `webhook`: a closed-loop generator of Stripe-signed webhook
+//!   deliveries (W1), new or redelivered, each signed when it is sent.
 //!
 //! Every tool prints one JSON object on stdout for `load-tests/run` to read.
 //! Targets are loopback addresses only; anything else is refused.
@@ -31,6 +33,7 @@ mod hold;
 mod rate;
 mod sink;
 mod upstream;
+mod webhook;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,7 +42,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1);
     let Some(command) = argv.next() else {
-        eprintln!("usage: lt upstream|burst|rate|hold|sink|floor-proxy|floor-answer --flag value ...");
+        eprintln!("usage: lt upstream|burst|rate|hold|sink|floor-proxy|floor-answer|webhook --flag value ...");
         return ExitCode::from(2);
     };
     let result = Args::parse(argv).and_then(|args| match command.as_str() {
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         "sink" => sink::main(&args),
         "floor-proxy" => floor_proxy::main(&args),
         "floor-answer" => floor_answer::main(&args),
+        "webhook" => webhook::main(&args),
         other => Err(format!("unknown command {other:?}")),
     });
     match result {

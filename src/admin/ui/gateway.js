@@ -15,8 +15,14 @@ const GROUPS = [
   ["Unknown outcome held (502)", ["unknown", "held"]],
   ["Store errors (503 or fail-open)", ["store-error", "fail-open"]],
   ["Upstream errors", ["upstream-error", "timed-out"]],
+  ["Webhooks refused (401)", ["webhook-signature", "webhook-timestamp"]],
 ];
-const ATTENTION = new Set(["Mismatch (422, key reused)", "Unknown outcome held (502)", "Store errors (503 or fail-open)"]);
+const ATTENTION = new Set([
+  "Mismatch (422, key reused)",
+  "Unknown outcome held (502)",
+  "Store errors (503 or fail-open)",
+  "Webhooks refused (401)",
+]);
 
 function sum(minutes, names) {
   return minutes.reduce(

@@ -241,7 +241,7 @@ impl<S: Store> Attempt<S> {
         stored: Option<StoredResponse>,
     ) -> bool {
         let gateway = &self.gateway;
-        let (length, ttl) = (gateway.policy.lease, gateway.policy.key_ttl);
+        let (length, ttl) = (gateway.policy.lease, self.route.key_ttl.unwrap_or(gateway.policy.key_ttl));
         let (operation, completion) = match settle {
             Settle::Complete { .. } => (StoreOp::Complete, Some(Completion::from_response(stored.as_ref()))),
             Settle::Unknown => (StoreOp::Complete, Some(Completion::Unknown)),

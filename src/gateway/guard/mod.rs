@@ -3,7 +3,12 @@
 //! Order matters and is the point of this file:
 //! 1. the body is read whole under its size, time and per-connection memory
 //!    limits *before* any store operation, so a refused request never
-//!    creates a record (and a refused upload still reads its `413`);
+//!    creates a record (and a refused upload still reads its `413`); on a
+//!    webhook route the delivery's signature is verified next, before its
+//!    key is even looked at (a forged delivery gets `401`, whatever else is
+//!    wrong with it, and occupies nothing), and a key in the body is
+//!    found now. A verified delivery's tenant is its route and its
+//!    fingerprint its event id, so a redelivery replays, never `422`s;
 //! 2. `try_begin` acquires the key or reports its record in one atomic step
 //!    (or, for a new key of a tenant over its `tenant_quota`, refuses it
 //!    with `429` and records nothing — never taken for a store failure, so
@@ -26,6 +31,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU16;
+use std::time::SystemTime;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Version};
@@ -33,15 +39,17 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::key::KeySource;
 use super::problem::Problem;
-use super::routes::Route;
+use super::routes::{Delivery, Route};
 use super::{Disposition, Gateway, StoreOp};
-use crate::http::body::ResponseBody;
+use crate::http::body::{ResponseBody, full};
 use crate::http::client::UpstreamError;
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::{BodyError, linger, read_whole};
-use crate::idempotency::{Fence, IdempotencyKey, ScopedKey, TenantError};
+use crate::idempotency::{Fence, Fingerprint, IdempotencyKey, ScopedKey, TenantError};
 use crate::store::{Begin, Store};
+use crate::webhook::FailureKind;
 use attempt::Attempt;
 
 mod attempt;
@@ -51,12 +59,13 @@ mod rules;
 type Guarded = (Disposition, Option<String>, Response<ResponseBody>);
 pub(super) type Answer = (Disposition, Response<ResponseBody>);
 
-/// Guards one request that carries a key.
+/// Guards one request: one that carries a key in its head, or (`key`
+/// `None`) one whose key is found after its body is read and verified.
 pub(super) async fn run<S: Store>(
     gateway: &Arc<Gateway<S>>,
     route: &Arc<Route>,
     request: Request<Incoming>,
-    key: IdempotencyKey,
+    key: Option<IdempotencyKey>,
     connection: &ConnectionInfo,
 ) -> Guarded {
     // Taken before anything is read or recorded, and held by an acquired
@@ -81,17 +90,54 @@ pub(super) async fn run<S: Store>(
         Ok(body) => body,
         Err(error) => return (Disposition::BadBody, None, refuse_body(error, body, parts.version)),
     };
-    let tenant = match gateway.tenant.tenant_of(&parts.headers) {
-        Ok(tenant) => tenant,
-        Err(TenantError::Unauthenticated { challenge, why }) => {
-            let problem = Problem::Unauthenticated { challenge, why };
-            return (Disposition::Unauthenticated, None, problem.to_response());
+    if let Some(webhook) = &route.webhook
+        && let Err(failure) = webhook.verifier.verify(&parts.headers, &body.bytes, SystemTime::now())
+    {
+        let (outcome, delivery) = match failure.kind {
+            FailureKind::Signature => (Disposition::WebhookSignature, Delivery::SignatureFailed),
+            FailureKind::Timestamp => (Disposition::WebhookTimestamp, Delivery::TimestampFailed),
+        };
+        route.count_delivery(&gateway.metrics, delivery, Some(failure.reason));
+        return (outcome, None, Problem::from(failure).to_response());
+    }
+    let key = match key.map_or_else(|| route.key.find(&parts.headers, &body.bytes), |key| Ok(Some(key))) {
+        Ok(Some(key)) => key,
+        Ok(None) if route.require_key || route.webhook.is_some() => {
+            count_verified(gateway, route, Disposition::MissingKey);
+            return (Disposition::MissingKey, None, missing_key(route).to_response());
         }
-        Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
+        // A key in the body that is not there: forwarded as a request
+        // without a key is, from the body already read.
+        Ok(None) => {
+            drop(running);
+            let (outcome, response) =
+                Box::pin(gateway.forward_unguarded(route, parts, full(body.bytes), connection)).await;
+            return (outcome, None, response);
+        }
+        Err(e) => {
+            count_verified(gateway, route, Disposition::InvalidKey);
+            return (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response());
+        }
     };
-    let scoped = ScopedKey::new(&tenant, &key);
+    let (scoped, fingerprint) = match &route.webhook {
+        Some(webhook) => (ScopedKey::for_route(&webhook.tenant, &route.name, &key), Fingerprint::of_event(&key)),
+        None => {
+            let tenant = match gateway.tenant.tenant_of(&parts.headers) {
+                Ok(tenant) => tenant,
+                Err(TenantError::Unauthenticated { challenge, why }) => {
+                    let problem = Problem::Unauthenticated { challenge, why };
+                    return (Disposition::Unauthenticated, None, problem.to_response());
+                }
+                Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
+            };
+            let scoped = match route.key.route_scoped() {
+                true => ScopedKey::for_route(&tenant, &route.name, &key),
+                false => ScopedKey::new(&tenant, &key),
+            };
+            (scoped, gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes))
+        }
+    };
     let hashed = Some(scoped.log_id());
-    let fingerprint = gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes);
     let fence = Fence::random();
     let begin =
         gateway.store_call(StoreOp::Begin, gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
@@ -130,7 +176,24 @@ pub(super) async fn run<S: Store>(
         // and inline it would size every guarded request's future.
         Err(e) => Box::pin(attempt.store_down(e, parts, body)).await,
     };
+    count_verified(gateway, route, outcome);
     (outcome, hashed, response)
+}
+
+/// Counts a verified webhook delivery: replayed when the store answered it.
+fn count_verified<S: Store>(gateway: &Gateway<S>, route: &Route, outcome: Disposition) {
+    if route.webhook.is_some() {
+        let delivery = if outcome == Disposition::Replayed { Delivery::Replayed } else { Delivery::Verified };
+        route.count_delivery(&gateway.metrics, delivery, None);
+    }
+}
+
+/// The problem for a guarded request without a key where one is required.
+pub(super) fn missing_key(route: &Route) -> Problem {
+    match route.key {
+        KeySource::IdempotencyKey => Problem::MissingKey,
+        ref source => Problem::MissingKeyIn(source.describe()),
+    }
 }
 
 /// The answer to a body that was refused before anything was recorded.
