@@ -236,8 +236,8 @@ fn run(command: Command) -> Result<(), String> {
                 admin: bind(config.admin_listen).await.map_err(|e| e.to_string())?,
             };
             let bound = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| e.to_string());
-            let gateway_listener = listeners.gateway.first().ok_or("no gateway listener")?;
-            let (listen, admin) = (bound(gateway_listener)?, bound(&listeners.admin)?);
+            let listen = listeners.gateway.local_addr().map_err(|e| e.to_string())?;
+            let admin = bound(&listeners.admin)?;
             println!("{}", idemgate::demo::instructions(listen, admin, &config));
             idemgate::app::serve_on(listeners, gateway, &config, idemgate::app::shutdown_signal())
                 .await

@@ -25,7 +25,7 @@ use crate::config::{Config, LogFormat, Runtime};
 use crate::gateway::Gateway;
 use crate::gateway::request_log::{self, LineFormat};
 use crate::gateway::server;
-use crate::http::listener::{BindError, ServerLimits, bind, bind_shared};
+use crate::http::listener::{BindError, ServerLimits, SharedListeners, bind, bind_shared};
 use crate::log_sink;
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
@@ -33,7 +33,7 @@ use crate::store::AnyStore;
 /// The listening sockets: client traffic and the admin listener.
 pub struct Listeners {
     /// Client traffic: one listener, or one per core ([`bind_gateway`]).
-    pub gateway: Vec<TcpListener>,
+    pub gateway: SharedListeners,
     /// Health, metrics and the admin API.
     pub admin: TcpListener,
 }
@@ -116,9 +116,9 @@ async fn open_store(config: &Config) -> Result<AnyStore, StartError> {
 
 /// Binds the gateway's listener as `runtime` wants it: one, or one per
 /// core thread sharing the address (`SO_REUSEPORT`). Port 0 is chosen once.
-pub async fn bind_gateway(config: &Config) -> Result<Vec<TcpListener>, BindError> {
+pub async fn bind_gateway(config: &Config) -> Result<SharedListeners, BindError> {
     match config.runtime {
-        Runtime::WorkStealing => Ok(vec![bind(config.listen).await?]),
+        Runtime::WorkStealing => Ok(SharedListeners::one(bind(config.listen).await?)),
         Runtime::PerCore => bind_shared(config.listen, threads()).await,
     }
 }
@@ -170,7 +170,7 @@ pub async fn serve_on(
         (Some(cert), Some(key)) => Some(crate::http::tls::acceptor(cert, key)?),
         _ => None,
     };
-    let address = listeners.gateway.first().and_then(|l| l.local_addr().ok());
+    let address = listeners.gateway.local_addr().ok();
     let admin_address = listeners.admin.local_addr().ok();
     let own = admin_address.unwrap_or(config.admin_listen);
     tracing::info!(listen = ?address, admin = ?admin_address, tls = tls.is_some(), "idemgate gateway listening");
@@ -183,14 +183,16 @@ pub async fn serve_on(
         let _ = admin_stopped.await;
     }));
     let limits = limits(config);
+    // Held until the listeners have stopped.
+    let SharedListeners { listeners: gateway_listeners, claim: _claim } = listeners.gateway;
     let served = match config.runtime {
-        Runtime::PerCore => cores::serve(listeners.gateway, gateway, config, limits, tls, shutdown).await,
+        Runtime::PerCore => cores::serve(gateway_listeners, gateway, config, limits, tls, shutdown).await,
         Runtime::WorkStealing => {
             // A set, so that a caller dropping this future stops them too.
             let slots = limits.connection_slots();
             let stop = tokio_util::sync::CancellationToken::new();
             let mut serving = tokio::task::JoinSet::new();
-            for listener in listeners.gateway {
+            for listener in gateway_listeners {
                 let stopped = stop.clone().cancelled_owned();
                 serving.spawn(server::serve(
                     listener,

@@ -129,9 +129,14 @@ pub enum Runtime {
     /// One single-threaded runtime per thread, each with its own listener
     /// (`SO_REUSEPORT`: the kernel spreads connections), upstream pools
     /// and store connection; a connection stays on the thread that took it.
-    PerCore,
-    /// One pool of worker threads that take work from each other.
+    /// The default: measured, 1.3-1.4 × work-stealing's passthrough and
+    /// 1.2 × its replays at full load, and half its added p99 at 2,000
+    /// requests/s (load-tests/results/runtimes.md).
     #[default]
+    PerCore,
+    /// One pool of worker threads that take work from each other: for a
+    /// process with one or two busy client connections (a sidecar's), which
+    /// per-core may put on one core.
     WorkStealing,
 }
 

@@ -275,6 +275,43 @@ async fn per_core_runs_a_thread_per_core_and_a_key_is_one_key_across_cores() {
     assert_eq!(upstream.total(), 1);
 }
 
+/// `SO_REUSEPORT` would let a second process join the per-core listeners
+/// and share the traffic with a memory store of its own; the address is
+/// claimed instead, and the second gateway refuses to start, as it would
+/// on a plain listener.
+#[tokio::test]
+async fn a_second_per_core_gateway_on_the_same_address_refuses_to_start() {
+    let upstream = Upstream::start().await;
+    let env = [("IDEMGATE__RUNTIME", "per-core")];
+    let first = GatewayProcess::start(&upstream.url(), "memory://", &env);
+    let admin = format!("127.0.0.1:{}", free_port());
+    for runtime in ["per-core", "work-stealing"] {
+        let args =
+            ["serve", "--listen", &first.addr.to_string(), "--admin-listen", &admin, "--upstream", &upstream.url()];
+        let mut second = Command::new(BINARY)
+            .args(args)
+            .env("IDEMGATE__RUNTIME", runtime)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a second gateway");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while second.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = second.kill();
+                panic!("{runtime}: a second gateway started on {} and serves beside the first", first.addr);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = second.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{runtime}: {stderr}");
+        assert!(stderr.contains(&format!("cannot listen on {}", first.addr)), "{runtime}: {stderr}");
+    }
+    assert_eq!(first.charge("/v1/charges", "k-alone").await.status, 200, "the first one still serves");
+    assert_eq!(upstream.total(), 1);
+}
+
 /// A gateway SIGKILLed mid-call leaves an in-flight record; another gateway
 /// refuses the key while the lease lives, then takes it over. The second
 /// execution is what a lost gateway costs, and the upstream sees the same

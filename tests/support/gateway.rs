@@ -37,7 +37,7 @@ impl TestGateway {
             config.runtime = runtime;
         }
         let gateway = idemgate::app::bind_gateway(&config).await.unwrap();
-        let addr = gateway[0].local_addr().unwrap();
+        let addr = gateway.local_addr().unwrap();
         let admin = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let admin_addr = admin.local_addr().unwrap();
         let listeners = idemgate::app::Listeners { gateway, admin };
