@@ -208,11 +208,13 @@ impl<S: Store> Gateway<S> {
 
     /// Another gateway from the same config, on its own `store` (its own
     /// connections), with its own upstream pools and attempt tracker, and
-    /// this one's metrics and recent outcomes: one per core
+    /// this one's metrics, recent outcomes and upstream connection limits
+    /// (`max_connections` of a route counts for the process): one per core
     /// (`crate::app::cores`).
     pub fn sibling(&self, config: &Config, store: S) -> Result<Self, BuildError> {
         let mut sibling = Self::new(config, store, self.metrics.clone())?;
         sibling.recent = self.recent.clone();
+        sibling.routes = sibling.routes.with_slots_of(&self.routes);
         Ok(sibling)
     }
 

@@ -270,6 +270,20 @@ impl Route {
 pub struct RouteTable(Vec<Arc<Route>>);
 
 impl RouteTable {
+    /// These routes with `other`'s upstream connection slots, route by
+    /// route: one `max_connections` per route for a process's per-core
+    /// gateways (`Gateway::sibling`), built from the same config.
+    pub(super) fn with_slots_of(self, other: &RouteTable) -> Self {
+        let routes = self.0.into_iter().zip(&other.0).map(|(mine, theirs)| match Arc::try_unwrap(mine) {
+            Ok(mut route) => {
+                route.upstream = route.upstream.with_slots_of(&theirs.upstream);
+                Arc::new(route)
+            }
+            Err(shared) => shared,
+        });
+        Self(routes.collect())
+    }
+
     /// Compiles every route.
     pub fn from_config(
         routes: &[RouteConfig],

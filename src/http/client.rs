@@ -165,6 +165,17 @@ impl Upstream {
         Ok(Self { pool: Arc::new(pool) })
     }
 
+    /// This client with `other`'s connection slots: one `max_connections`
+    /// for both (the per-core gateways of one process share each route's
+    /// limit; their pools stay their own). Call it before the client is
+    /// cloned: a clone keeps the slots it had.
+    pub fn with_slots_of(mut self, other: &Upstream) -> Self {
+        if let Some(pool) = Arc::get_mut(&mut self.pool) {
+            pool.slots = other.pool.slots.clone();
+        }
+        self
+    }
+
     /// Sends a request to this upstream and waits for the response head.
     /// `wait` bounds getting a connection (a free slot, then dialling);
     /// the wait for the response head is the caller's to bound, since only

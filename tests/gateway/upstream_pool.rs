@@ -160,3 +160,23 @@ async fn a_refused_connection_is_an_error_and_frees_its_slot() {
         assert!(error.to_string().to_lowercase().contains("refused"), "names the cause: {error}");
     }
 }
+
+/// A route's `max_connections` counts for the process: with one runtime
+/// per core, each core's pool takes its connections from the same slots,
+/// so many client connections spread over the cores never open more.
+#[tokio::test]
+async fn a_routes_connection_limit_holds_for_the_process_on_every_runtime() {
+    const CALLS: usize = 24;
+    let upstream = support::upstream::Upstream::start().await;
+    let mut config = support::gateway::config(&upstream.url(), "memory://");
+    config.routes[0].max_connections = 2;
+    let gateway = Arc::new(support::gateway::TestGateway::start(config).await);
+    let calls = (0..CALLS).map(|n| {
+        let gateway = gateway.clone();
+        tokio::spawn(async move { gateway.post("/slow?ms=100").key(&format!("limit-{n}")).send().await.status })
+    });
+    let statuses = futures_join(calls).await;
+    assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
+    assert_eq!(upstream.total(), CALLS as u64);
+    assert!(upstream.most_at_once() <= 2, "at most the route's limit at once: {}", upstream.most_at_once());
+}
