@@ -237,12 +237,17 @@ async fn a_bad_worker_thread_count_exits_2_and_a_good_one_serves() {
     let reply = charge(gateway.addr, "/v1/charges", "k-threads").await.expect("the gateway answered");
     assert_eq!(reply.status, 200);
     assert_eq!(upstream.total(), 1);
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.child.id())).expect("the gateway's threads");
-    let workers = tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("tokio-rt-worker"))
-        .count();
+    let workers = threads_named(gateway.child.id(), "tokio-rt-worker");
     assert_eq!(workers, 5, "one Tokio worker thread per TOKIO_WORKER_THREADS");
+}
+
+/// How many of a process's threads have a name starting with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
 }
 
 /// `runtime = "per-core"`: one thread per core, each with its own
@@ -255,11 +260,7 @@ async fn per_core_runs_a_thread_per_core_and_a_key_is_one_key_across_cores() {
     let upstream = Upstream::start().await;
     let env = [("IDEMGATE__RUNTIME", "per-core"), ("TOKIO_WORKER_THREADS", "3")];
     let gateway = GatewayProcess::start(&upstream.url(), "memory://", &env);
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.child.id())).expect("the gateway's threads");
-    let cores = tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("idemgate-core"))
-        .count();
+    let cores = threads_named(gateway.child.id(), "idemgate-core");
     assert_eq!(cores, 3, "one core thread per TOKIO_WORKER_THREADS");
     // Each call on a connection of its own (a client per call).
     let calls: Vec<_> = (0..CALLS).map(|_| tokio::spawn(charge(gateway.addr, "/slow?ms=300", "k-cores"))).collect();
