@@ -171,6 +171,18 @@ impl Scheme {
         }
     }
 
+    /// Whether the signature covers the event id that `key` finds: a key
+    /// in the body (every scheme signs the body), or Standard Webhooks'
+    /// `webhook-id` (signed with the body). GitHub's and Shopify's id
+    /// headers are not signed: anyone holding one captured delivery could
+    /// resend it under another id.
+    pub fn signs_key(self, key: &KeySource) -> bool {
+        match key {
+            KeySource::Json(_) => true,
+            KeySource::Header(name) => self == Self::StandardWebhooks && name.eq_ignore_ascii_case("webhook-id"),
+        }
+    }
+
     /// Whether the signed content carries a timestamp that `tolerance`
     /// bounds (GitHub and Shopify sign the body alone).
     pub fn signs_timestamp(self) -> bool {

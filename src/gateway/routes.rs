@@ -59,6 +59,12 @@ pub struct Webhook {
     pub verifier: Verifier,
     /// The route as a tenant.
     pub tenant: Tenant,
+    /// The signature covers the event id (`Scheme::signs_key`): a verified
+    /// redelivery is then the same request whatever its body, and its
+    /// fingerprint is the id alone. Otherwise (GitHub's and Shopify's id
+    /// headers) the fingerprint is the request's, so one captured delivery
+    /// resent under a real event's id gets `422`, never that event's `2xx`.
+    pub id_is_signed: bool,
 }
 
 /// What became of a webhook delivery, as `idemgate_webhook_deliveries_total` labels it.
@@ -225,6 +231,7 @@ impl Route {
                 verifier: Verifier::from_config(webhook)
                     .map_err(|source| RouteError::Webhook { route: route(), source })?,
                 tenant: Tenant::from_bytes(format!("route:{}", config.name)),
+                id_is_signed: webhook.scheme.signs_key(&config.key_source()),
             })),
             None => None,
         };

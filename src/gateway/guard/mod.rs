@@ -7,8 +7,9 @@
 //!    webhook route the delivery's signature is verified next, before its
 //!    key is even looked at (a forged delivery gets `401`, whatever else is
 //!    wrong with it, and occupies nothing), and a key in the body is
-//!    found now. A verified delivery's tenant is its route and its
-//!    fingerprint its event id, so a redelivery replays, never `422`s;
+//!    found now. A verified delivery's tenant is its route; where the
+//!    signature covers its event id, the id is its fingerprint, so a
+//!    redelivery replays, never `422`s (`routes::Webhook::id_is_signed`);
 //! 2. `try_begin` acquires the key or reports its record in one atomic step
 //!    (or, for a new key of a tenant over its `tenant_quota`, refuses it
 //!    with `429` and records nothing — never taken for a store failure, so
@@ -119,8 +120,17 @@ pub(super) async fn run<S: Store>(
             return (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response());
         }
     };
+    let fingerprint_of = |parts: &http::request::Parts| {
+        gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes)
+    };
     let (scoped, fingerprint) = match &route.webhook {
-        Some(webhook) => (ScopedKey::for_route(&webhook.tenant, &route.name, &key), Fingerprint::of_event(&key)),
+        Some(webhook) => {
+            let fingerprint = match webhook.id_is_signed {
+                true => Fingerprint::of_event(&key),
+                false => fingerprint_of(&parts),
+            };
+            (ScopedKey::for_route(&webhook.tenant, &route.name, &key), fingerprint)
+        }
         None => {
             let tenant = match gateway.tenant.tenant_of(&parts.headers) {
                 Ok(tenant) => tenant,
@@ -134,7 +144,7 @@ pub(super) async fn run<S: Store>(
                 true => ScopedKey::for_route(&tenant, &route.name, &key),
                 false => ScopedKey::new(&tenant, &key),
             };
-            (scoped, gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes))
+            (scoped, fingerprint_of(&parts))
         }
     };
     let hashed = Some(scoped.log_id());

@@ -30,8 +30,13 @@ async fn delivered_once_and_redeliveries_replayed(scheme: Scheme) {
     assert_eq!(upstream.last_headers()[signature_header(scheme)], sent.as_str(), "and its signature to verify again");
     assert!(upstream.last_headers().get("idempotency-key").is_none(), "forward_key = original adds no key");
     for attempt in 2..=4 {
-        // The provider signs each attempt anew; Stripe's bookkeeping changes.
-        let again = event(&id, 4 - attempt);
+        // The provider signs each attempt anew; where the signature covers
+        // the id, bookkeeping fields may change (Stripe's), and GitHub and
+        // Shopify resend the same payload.
+        let again = match scheme {
+            Scheme::Stripe | Scheme::StandardWebhooks => event(&id, 4 - attempt),
+            Scheme::Github | Scheme::Shopify => body.clone(),
+        };
         let headers = signed(scheme, secret_for(scheme), &id, now(), &again);
         let redelivery = deliver(gateway.post("/charge"), &headers, &again).send().await;
         assert_eq!((redelivery.status, redelivery.replayed()), (201, true), "{scheme:?} #{attempt}");
@@ -63,6 +68,26 @@ async fn github_deliveries_are_forwarded_once_and_redeliveries_replayed() {
 #[tokio::test]
 async fn shopify_deliveries_are_forwarded_once_and_redeliveries_replayed() {
     delivered_once_and_redeliveries_replayed(Scheme::Shopify).await;
+}
+
+/// GitHub and Shopify sign the body, not the id header: a captured
+/// delivery resent under a real event's id must not make that event's
+/// delivery a replay (a stored `2xx`, and the provider stops retrying).
+/// Their fingerprint is the request's, so the real event gets `422`.
+#[tokio::test]
+async fn an_unsigned_event_id_taken_by_another_signed_body_is_refused_not_replayed() {
+    for scheme in [Scheme::Github, Scheme::Shopify] {
+        let upstream = Upstream::start().await;
+        let gateway = TestGateway::start(webhook_config(&upstream.url(), scheme, &[secret_for(scheme)])).await;
+        let captured = event("evt_captured", 1);
+        let resent = signed(scheme, secret_for(scheme), "evt_real", now(), &captured);
+        assert_eq!(deliver(gateway.post("/charge"), &resent, &captured).send().await.status, 201);
+        let real = event("evt_real", 1);
+        let headers = signed(scheme, secret_for(scheme), "evt_real", now(), &real);
+        let delivered = deliver(gateway.post("/charge"), &headers, &real).send().await;
+        assert_eq!((delivered.status, delivered.replayed()), (422, false), "{scheme:?}: {}", delivered.text());
+        assert_eq!(upstream.total(), 1, "{scheme:?}: the real event was not answered from another's record");
+    }
 }
 
 #[tokio::test]
