@@ -286,9 +286,10 @@ async fn a_second_per_core_gateway_on_the_same_address_refuses_to_start() {
     let env = [("IDEMGATE__RUNTIME", "per-core")];
     let first = GatewayProcess::start(&upstream.url(), "memory://", &env);
     let admin = format!("127.0.0.1:{}", free_port());
-    for runtime in ["per-core", "work-stealing"] {
-        let args =
-            ["serve", "--listen", &first.addr.to_string(), "--admin-listen", &admin, "--upstream", &upstream.url()];
+    // The port is claimed, however the address is spelt.
+    let (plain, mapped) = (first.addr.to_string(), format!("[::ffff:127.0.0.1]:{}", first.addr.port()));
+    for (runtime, listen) in [("per-core", &plain), ("work-stealing", &plain), ("per-core", &mapped)] {
+        let args = ["serve", "--listen", listen, "--admin-listen", &admin, "--upstream", &upstream.url()];
         let mut second = Command::new(BINARY)
             .args(args)
             .env("IDEMGATE__RUNTIME", runtime)
@@ -300,14 +301,14 @@ async fn a_second_per_core_gateway_on_the_same_address_refuses_to_start() {
         while second.try_wait().unwrap().is_none() {
             if Instant::now() > deadline {
                 let _ = second.kill();
-                panic!("{runtime}: a second gateway started on {} and serves beside the first", first.addr);
+                panic!("{runtime}: a second gateway started on {listen} and serves beside the first");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let output = second.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{runtime}: {stderr}");
-        assert!(stderr.contains(&format!("cannot listen on {}", first.addr)), "{runtime}: {stderr}");
+        assert_eq!(output.status.code(), Some(2), "{runtime} {listen}: {stderr}");
+        assert!(stderr.contains(&format!("cannot listen on {listen}")), "{runtime} {listen}: {stderr}");
     }
     assert_eq!(first.charge("/v1/charges", "k-alone").await.status, 200, "the first one still serves");
     assert_eq!(upstream.total(), 1);

@@ -60,11 +60,12 @@ impl SharedListeners {
 ///
 /// `SO_REUSEPORT` would also let a second process of the same user join
 /// the group silently, and share a payment gateway's traffic with its own
-/// memory store. So the address is claimed first, by an abstract Unix
-/// socket named after it (its scope is the network namespace's, as the
-/// port's is, and the kernel frees it when the process ends, however it
-/// ends): a second idemgate on the address gets "address in use", as it
-/// would from a plain listener.
+/// memory store. So the port is claimed as soon as it is known, by an
+/// abstract Unix socket named after it (its scope is the network
+/// namespace's, as the port's is, and the kernel frees it when the
+/// process ends, however it ends): a second idemgate on the port, however
+/// it spells the address, gets "address in use", as it would from a
+/// plain listener.
 pub async fn bind_shared(address: SocketAddr, count: usize) -> Result<SharedListeners, BindError> {
     crate::log_sink::flush();
     let first = reuse_port(address).map_err(|source| BindError { address, source })?;
@@ -83,13 +84,15 @@ fn claim(address: SocketAddr) -> std::io::Result<Option<std::os::unix::net::Unix
     #[cfg(target_os = "linux")]
     {
         use std::os::linux::net::SocketAddrExt;
-        let name = format!("idemgate-listen-{address}");
+        // By port alone: `127.0.0.1:P`, `[::ffff:127.0.0.1]:P` and
+        // `0.0.0.0:P` are one port to a client, whatever the spelling.
+        let name = format!("idemgate-listen-port-{}", address.port());
         let at = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         match std::os::unix::net::UnixDatagram::bind_addr(&at) {
             Ok(socket) => Ok(Some(socket)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
-                "another idemgate process already listens there (runtime = \"per-core\")",
+                "another idemgate process (runtime = \"per-core\") already listens on this port",
             )),
             Err(e) => Err(e),
         }
