@@ -220,6 +220,8 @@ impl Problem {
         match self {
             Self::MissingKey => "Idempotency-Key required",
             Self::MissingKeyIn(_) => "Key required",
+            // A key from the route's own source (a webhook's event id, say).
+            Self::InvalidKey(KeyError::Source(_)) => "Invalid key",
             Self::InvalidKey(_) => "Invalid Idempotency-Key",
             Self::AmbiguousTenant(_) => "Ambiguous tenant",
             Self::Unauthenticated { .. } => "Credential required",

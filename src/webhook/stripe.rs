@@ -2,8 +2,9 @@
 //!
 //! Comma-separated `key=value` items: exactly one `t` (Unix seconds),
 //! one or more `v1` (hex HMAC-SHA256 of `"{t}.{body}"`, one per active
-//! secret while Stripe rolls a secret). `v0` (test-mode legacy) and unknown
-//! keys are ignored, as Stripe's own libraries do. The secret (`whsec_…`)
+//! secret while Stripe rolls a secret). `v0` (test-mode legacy), unknown
+//! keys and items that are not `key=value` are ignored, as Stripe's own
+//! libraries do. The secret (`whsec_…`)
 //! is the HMAC key as written.
 
 use http::HeaderMap;
@@ -26,9 +27,9 @@ pub(super) fn parse_value(value: &[u8]) -> Result<((&[u8], u64), Vec<[u8; 32]>),
     let mut candidates = Vec::new();
     for item in value.split(|b| *b == b',') {
         let item = item.trim_ascii();
-        let Some(equals) = item.iter().position(|b| *b == b'=') else {
-            return Err(malformed("Stripe-Signature items are key=value"));
-        };
+        // An item that is not key=value (an empty one after a trailing
+        // comma, say) is skipped, as Stripe's libraries skip it.
+        let Some(equals) = item.iter().position(|b| *b == b'=') else { continue };
         let (key, text) = (&item[..equals], &item[equals + 1..]);
         match key {
             b"t" if timestamp.is_some() => return Err(malformed("Stripe-Signature has two timestamps")),

@@ -164,6 +164,15 @@ fn a_stripe_header_without_t_or_v1_is_malformed() {
     }
 }
 
+#[test]
+fn a_stripe_item_that_is_not_key_value_is_skipped_as_stripes_libraries_skip_it() {
+    let v1 = "0".repeat(64);
+    for header in [format!("t=1,v1={v1},"), format!(",t=1,,v1={v1}"), format!("t=1,junk,v1={v1}")] {
+        let ((_, seconds), candidates) = stripe::parse_value(header.as_bytes()).unwrap();
+        assert_eq!((seconds, candidates.len()), (1, 1), "{header:?}");
+    }
+}
+
 // --- GitHub --------------------------------------------------------------
 
 #[test]

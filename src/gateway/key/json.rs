@@ -2,7 +2,8 @@
 //! integer (its decimal text; `"42"` and `42` are one key). Anything else
 //! there — an object, an array, `null`, a boolean, a fraction — is
 //! refused rather than turned into text, so no two different values can
-//! become one key. A body that is not JSON has no key.
+//! become one key. A body that is not JSON has no key; one nested deeper
+//! than the parser reads (128 levels) is refused.
 
 use serde_json::Value;
 
@@ -23,8 +24,17 @@ impl Pointer {
     }
 
     pub(super) fn find(&self, body: &[u8]) -> Result<Option<IdempotencyKey>, KeyError> {
-        let Ok(document) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
         let source = || format!("the JSON body at {}", self.0);
+        let document = match serde_json::from_slice::<Value>(body) {
+            Ok(document) => document,
+            // JSON, but deeper than serde_json reads (128 levels): not a
+            // body without a key, which a provider would resend for ever.
+            Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
+                let why = format!("{} cannot be read: the body nests more than 128 levels deep", source());
+                return Err(KeyError::Source(why));
+            }
+            Err(_) => return Ok(None),
+        };
         let kind = match document.pointer(&self.0) {
             None => return Ok(None),
             Some(Value::String(text)) => return super::checked(text, source).map(Some),

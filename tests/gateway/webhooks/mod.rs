@@ -205,11 +205,13 @@ async fn a_verified_delivery_whose_pointer_finds_no_usable_key_is_refused() {
         (r#"{"id":["evt_1"],"object":"event"}"#, "invalid-key"),
         (r#"{"id":{"value":"evt_1"},"object":"event"}"#, "invalid-key"),
         (r#"{"id":null}"#, "invalid-key"),
+        (&format!(r#"{{"id":"evt_1","data":{}{}}}"#, "[".repeat(200), "]".repeat(200)), "invalid-key"),
     ] {
         let reply =
             deliver(gateway.post("/charge"), &signed(Scheme::Stripe, SECRET, "", now(), body), body).send().await;
         assert_eq!((reply.status, reply.problem()), (400, problem.into()), "{body}: {}", reply.text());
         assert!(reply.text().contains("/id") && !reply.text().contains("evt_1"), "{}", reply.text());
+        assert!(!reply.text().contains("Idempotency-Key"), "the route's key is not a header: {}", reply.text());
     }
     assert_eq!(upstream.total(), 0);
 }
