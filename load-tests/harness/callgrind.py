@@ -37,6 +37,8 @@ def main(doc):
                         help="replay: completed keys (200 per connection, made in the warm-up); "
                              "first: a new key each; pass: no key")
     parser.add_argument("store", nargs="?", default="memory", choices=("memory", "redis"))
+    parser.add_argument("--floor", action="store_true",
+                        help="count the floor (lt floor-proxy, per core) instead of idemgate, on the same requests")
     args = parser.parse_args()
     missing = [tool for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "wrk", "nginx")
                if not shutil.which(tool)]
@@ -52,8 +54,12 @@ def main(doc):
         port = free_port()
         conf = gateway_conf(workdir, "gateway", port, store, upstream)
         out = workdir / "callgrind.out"
+        counted = [args.binary, "serve", "--config", str(conf)]
+        if args.floor:
+            counted = [str(shared.LT), "floor-proxy", "--listen", f"127.0.0.1:{port}", "--upstream",
+                       f"127.0.0.1:{upstream}", "--runtime", "per-core", "--lifetime-ms", "600000"]
         gateway = procs.start("gateway", ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                                          f"--callgrind-out-file={out}", args.binary, "serve", "--config", str(conf)])
+                                          f"--callgrind-out-file={out}", *counted])
         wait_for_port(port, gateway, seconds=60)
         settings = argparse.Namespace(threads=1, connections=4, pin=None)
         env = {"LT_METHOD": "POST", "LT_KEYS": KEYS[args.mode], "LT_SPACE": "200", "LT_PREFIX": f"cg{shared.NONCE}"}
@@ -66,7 +72,8 @@ def main(doc):
         total = next(int(line.split()[0].replace(",", "")) for line in annotated.splitlines()
                      if "PROGRAM TOTALS" in line)
         requests = measured["requests"]
-        print(f"{args.mode}, {args.store}: {total // requests} Ir per request ({requests} requests, "
+        subject = "floor" if args.floor else f"{args.mode}, {args.store}"
+        print(f"{subject}: {total // requests} Ir per request ({requests} requests, "
               f"{measured['status_errors']} not 2xx; {out})")
     finally:
         procs.stop_all()
