@@ -260,7 +260,13 @@ async fn per_core_runs_a_thread_per_core_and_a_key_is_one_key_across_cores() {
     let upstream = Upstream::start().await;
     let env = [("IDEMGATE__RUNTIME", "per-core"), ("TOKIO_WORKER_THREADS", "3")];
     let gateway = GatewayProcess::start(&upstream.url(), "memory://", &env);
-    let cores = threads_named(gateway.child.id(), "idemgate-core");
+    // The listeners are bound before the core threads start: wait for them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut cores = threads_named(gateway.child.id(), "idemgate-core");
+    while cores < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        cores = threads_named(gateway.child.id(), "idemgate-core");
+    }
     assert_eq!(cores, 3, "one core thread per TOKIO_WORKER_THREADS");
     // Each call on a connection of its own (a client per call).
     let calls: Vec<_> = (0..CALLS).map(|_| tokio::spawn(charge(gateway.addr, "/slow?ms=300", "k-cores"))).collect();
