@@ -53,14 +53,18 @@ async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
     assert_eq!(setting, "on", "only the relay's sessions");
 }
 
-/// Until `pid`'s backend waits for a lock or is idle again (its statement over).
-async fn blocked_or_done(fx: &Fixture, pid: i32) {
+/// Until `pid`'s backend, running `statement`, waits for a lock or is idle again (the statement over).
+async fn blocked_or_done(fx: &Fixture, pid: i32, statement: &str) {
     let probe = fx.schema.connect().await;
     for _ in 0..500 {
-        let sql = "SELECT wait_event_type, state FROM pg_stat_activity WHERE pid = $1";
+        let sql = "SELECT wait_event_type, state, query FROM pg_stat_activity WHERE pid = $1";
         let Some(row) = probe.query_opt(sql, &[&pid]).await.unwrap() else { return };
-        let (wait, state): (Option<String>, Option<String>) = (row.get(0), row.get(1));
-        if wait.as_deref() == Some("Lock") || state.as_deref() != Some("active") {
+        let (wait, state, query): (Option<String>, Option<String>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        // Until the backend has taken `statement`, its idle state is its
+        // previous statement's (a spawned call may not have started yet).
+        let started = query.is_some_and(|query| query.contains(statement));
+        if started && (wait.as_deref() == Some("Lock") || state.as_deref() != Some("active")) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -116,9 +120,9 @@ async fn retention_never_waits_for_an_ordering_key_an_enqueuer_holds() {
     let retention_pid: i32 = retention.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let sql = fx.schema.sql("SELECT idemgate.maintain_history(interval '7 days')");
     let job = tokio::spawn(async move { retention.batch_execute(&sql).await });
-    blocked_or_done(&fx, retention_pid).await;
+    blocked_or_done(&fx, retention_pid, "maintain_history").await;
     go_on.send(()).unwrap();
-    blocked_or_done(&fx, enqueuer_pid).await;
+    blocked_or_done(&fx, enqueuer_pid, "enqueue").await;
     holder.commit().await.unwrap();
     job.await.unwrap().expect("retention runs");
     service.await.unwrap().expect("the service's transaction commits: no deadlock");
