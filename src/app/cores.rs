@@ -130,7 +130,7 @@ async fn serve_core(core: Core) -> Result<(), StartError> {
         Some(shared) => shared,
         None => super::open_store(&core.config).await?,
     };
-    let gateway = Arc::new(core.base.sibling(&core.config, store)?);
+    let gateway = Arc::new(core.base.sibling(store));
     server::serve(listener, gateway, core.limits, core.slots, core.tls, core.stop.cancelled_owned()).await;
     Ok(())
 }

@@ -132,7 +132,7 @@ pub struct Gateway<S> {
     store: S,
     routes: RouteTable,
     policy: Policy,
-    tenant: TenantSource,
+    tenant: Arc<TenantSource>,
     fingerprint: FingerprintPolicy,
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
@@ -173,7 +173,7 @@ impl<S: Store> Gateway<S> {
             &StatusPolicy { release: g.release_statuses.clone() },
             g.on_unknown,
         )?;
-        let tenant = TenantSource::from_config(&g.tenant)?;
+        let tenant = Arc::new(TenantSource::from_config(&g.tenant)?);
         Ok(Self {
             store,
             routes,
@@ -206,16 +206,24 @@ impl<S: Store> Gateway<S> {
         })
     }
 
-    /// Another gateway from the same config, on its own `store` (its own
-    /// connections), with its own upstream pools and attempt tracker, and
-    /// this one's metrics, recent outcomes and upstream connection limits
-    /// (`max_connections` of a route counts for the process): one per core
-    /// (`crate::app::cores`).
-    pub fn sibling(&self, config: &Config, store: S) -> Result<Self, BuildError> {
-        let mut sibling = Self::new(config, store, self.metrics.clone())?;
-        sibling.recent = self.recent.clone();
-        sibling.routes = sibling.routes.with_slots_of(&self.routes);
-        Ok(sibling)
+    /// Another gateway derived from this one, one per core
+    /// (`crate::app::cores`): its own `store` (its own connections), upstream
+    /// pools and attempt tracker; this one's routes, policy, tenant source,
+    /// metrics, recent outcomes and upstream connection limits (a route's
+    /// `max_connections` counts for the process). Nothing is read or
+    /// checked again: no key, CA or secrets file per core.
+    pub fn sibling(&self, store: S) -> Self {
+        Self {
+            store,
+            routes: self.routes.sibling(),
+            policy: self.policy.clone(),
+            tenant: self.tenant.clone(),
+            fingerprint: self.fingerprint.clone(),
+            tasks: TaskTracker::new(),
+            metrics: self.metrics.clone(),
+            recent: self.recent.clone(),
+            store_series: StoreSeries::default(),
+        }
     }
 
     /// The store (admin API, readiness).

@@ -277,18 +277,13 @@ impl Route {
 pub struct RouteTable(Vec<Arc<Route>>);
 
 impl RouteTable {
-    /// These routes with `other`'s upstream connection slots, route by
-    /// route: one `max_connections` per route for a process's per-core
-    /// gateways (`Gateway::sibling`), built from the same config.
-    pub(super) fn with_slots_of(self, other: &RouteTable) -> Self {
-        let routes = self.0.into_iter().zip(&other.0).map(|(mine, theirs)| match Arc::try_unwrap(mine) {
-            Ok(mut route) => {
-                route.upstream = route.upstream.with_slots_of(&theirs.upstream);
-                Arc::new(route)
-            }
-            Err(shared) => shared,
-        });
-        Self(routes.collect())
+    /// The same routes, each with an upstream pool of its own that shares
+    /// this one's connection slots ([`Upstream::sibling`]): one
+    /// `max_connections` per route for a process's per-core gateways
+    /// (`Gateway::sibling`).
+    pub(super) fn sibling(&self) -> Self {
+        let route = |route: &Arc<Route>| Arc::new(Route { upstream: route.upstream.sibling(), ..Route::clone(route) });
+        Self(self.0.iter().map(route).collect())
     }
 
     /// Compiles every route.

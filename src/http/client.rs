@@ -165,15 +165,22 @@ impl Upstream {
         Ok(Self { pool: Arc::new(pool) })
     }
 
-    /// This client with `other`'s connection slots: one `max_connections`
-    /// for both (the per-core gateways of one process share each route's
-    /// limit; their pools stay their own). Call it before the client is
-    /// cloned: a clone keeps the slots it had.
-    pub fn with_slots_of(mut self, other: &Upstream) -> Self {
-        if let Some(pool) = Arc::get_mut(&mut self.pool) {
-            pool.slots = other.pool.slots.clone();
-        }
-        self
+    /// A client with a pool of its own (its idle connections are driven by
+    /// the runtime that dials them) that shares this one's connector, TLS
+    /// settings and connection slots: one `max_connections` for both. The
+    /// per-core gateways of one process each take one (a clone, by
+    /// contrast, shares the pool itself).
+    pub fn sibling(&self) -> Upstream {
+        let pool = &self.pool;
+        let pool = Pool {
+            connector: pool.connector.clone(),
+            origin: pool.origin.clone(),
+            host: pool.host.clone(),
+            slots: pool.slots.clone(),
+            idle: Mutex::new(VecDeque::new()),
+            idle_timeout: pool.idle_timeout,
+        };
+        Self { pool: Arc::new(pool) }
     }
 
     /// Sends a request to this upstream and waits for the response head.
