@@ -313,21 +313,8 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
                         )
                     };
                     tokio::time::sleep(pause).await;
-                    let request = Request::post(format!("http://{gateway}/chaos"))
-                        .header("authorization", credential)
-                        .header("idempotency-key", &key)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
-                        .unwrap();
-                    let call = async {
-                        let response = client.request(request).await.ok()?;
-                        let status = response.status().as_u16();
-                        let body = response.into_body().collect().await.ok()?.to_bytes();
-                        Some((status, body))
-                    };
                     let limit = disconnect_after.unwrap_or(Duration::from_secs(10));
-                    let answer = tokio::time::timeout(limit, call).await.ok().flatten();
-                    let (status, body) = answer.map_or((None, Bytes::new()), |(s, b)| (Some(s), b));
+                    let (status, body) = charge(&client, gateway, &credential, &key, limit).await;
                     outcomes.lock().unwrap().push(Outcome { tenant, key, status, body });
                 }
             })
@@ -344,19 +331,9 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
             for n in 0..flood_keys * 2 {
                 let key = format!("flood-{}", n / 2);
                 for _ in 0..10 {
-                    let request = Request::post(format!("http://{}/chaos", addrs[n % addrs.len()]))
-                        .header("authorization", basic("Basic", TENANTS, 0))
-                        .header("idempotency-key", &key)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
-                        .unwrap();
-                    let call = async {
-                        let response = client.request(request).await.ok()?;
-                        let status = response.status().as_u16();
-                        Some((status, response.into_body().collect().await.ok()?.to_bytes()))
-                    };
-                    let answer = tokio::time::timeout(Duration::from_secs(10), call).await.ok().flatten();
-                    let (status, body) = answer.map_or((None, Bytes::new()), |(s, b)| (Some(s), b));
+                    let credential = basic("Basic", TENANTS, 0);
+                    let gateway = addrs[n % addrs.len()];
+                    let (status, body) = charge(&client, gateway, &credential, &key, Duration::from_secs(10)).await;
                     let again = matches!(status, None | Some(503));
                     outcomes.lock().unwrap().push(Outcome { tenant: TENANTS, key: key.clone(), status, body });
                     if !again {
@@ -527,6 +504,30 @@ async fn retries_under_faults_never_execute_twice_without_a_record_losing_fault(
 }
 
 /// `Authorization` for one of a tenant's passwords.
+/// One chaos request: `key` under `credential` to `gateway`, answered (status
+/// and body) within `limit`, or `(None, empty)`: no answer, or cut off.
+async fn charge(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    gateway: SocketAddr,
+    credential: &str,
+    key: &str,
+    limit: Duration,
+) -> (Option<u16>, Bytes) {
+    let request = Request::post(format!("http://{gateway}/chaos"))
+        .header("authorization", credential)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!("{{\"key\":{key:?}}}"))))
+        .unwrap();
+    let call = async {
+        let response = client.request(request).await.ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.into_body().collect().await.ok()?.to_bytes()))
+    };
+    let answer = tokio::time::timeout(limit, call).await.ok().flatten();
+    answer.map_or((None, Bytes::new()), |(status, body)| (Some(status), body))
+}
+
 fn basic(scheme: &str, tenant: usize, password: usize) -> String {
     format!("{scheme} {}", STANDARD.encode(format!("tenant-{tenant}:password-{password}")))
 }
