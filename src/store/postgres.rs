@@ -208,7 +208,9 @@ impl Settings {
                         StoreError::InvalidUrl(format!("pool_size={value:?} is not a positive number"))
                     })?
                 }
-                "timeout" => timeout = value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0,
+                "timeout" => {
+                    timeout = value.parse::<ConfigDuration>().map_err(|e| StoreError::InvalidUrl(e.to_string()))?.0
+                }
                 "schema" => schema = Schema::new(value).map_err(from_outbox)?,
                 _ => passthrough.push(format!("{name}={value}")),
             }
