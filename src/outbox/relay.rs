@@ -63,7 +63,7 @@ use tokio::time::Instant;
 
 use super::claim::{self, Claimed, Limits};
 use super::publisher::{Delivery, Publisher};
-use super::retry::{Class, Next, RetryPolicy};
+use super::retry::{Next, RetryPolicy};
 use super::{Database, OutboxError};
 use crate::lease::{Lease, Renewal, SettleBounds};
 use crate::metrics::Metrics;
@@ -274,13 +274,16 @@ impl<P: Publisher> Relay<P> {
             claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Fate::Dead } else { Fate::Lost })
         } else {
             // A lease lost mid-publish shows again in the fenced settlement.
-            let (attempt, mut lease) = self.publish_renewing(&row, slots).await;
-            let Delivery::Failed { class, retry_after, reason } = attempt else {
-                return Step::Published(row, lease);
+            let (delivery, mut lease) = self.publish_renewing(&row, slots).await;
+            let retry_in = match policy.decide(&delivery, row.attempt, rand::random()) {
+                Next::Complete => return Step::Published(row, lease),
+                Next::RetryIn(delay) => Some(delay),
+                Next::Dead => None,
             };
+            let reason = delivery.reason().unwrap_or_default();
             // A settlement that fails on a database hiccup is tried again
             // while the lease holds.
-            let settle = |_| self.settle_failure(&row, policy, class, retry_after, &reason);
+            let settle = |_| self.settle_failure(&row, retry_in, reason);
             lease.settle(self.settle_bounds(), settle, || self.renew(&row), ()).await.map_err(|a| a.error)
         };
         Step::Settled(self.record(&row, settled))
@@ -341,23 +344,21 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
+    /// Schedules a failed row's next attempt in `retry_in`, or (`None`) buries it.
     async fn settle_failure(
         &self,
         row: &Claimed,
-        policy: RetryPolicy,
-        class: Class,
-        retry_after: Option<Duration>,
+        retry_in: Option<Duration>,
         reason: &str,
     ) -> Result<Fate, OutboxError> {
         let pool = &self.inner.db;
         let lost_unless = |ok: bool, settled: Fate| if ok { settled } else { Fate::Lost };
-        let unit: f64 = rand::random();
-        match policy.after_failure(class, row.attempt, retry_after, unit) {
-            Next::RetryIn(delay) => {
+        match retry_in {
+            Some(delay) => {
                 tracing::debug!(id = row.fence.id, trace_id = row.trace_id(), ?delay, %reason, "outbox attempt failed; retrying");
                 Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Fate::Retried))
             }
-            Next::Dead => {
+            None => {
                 tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), destination = %row.destination, %reason, "outbox row is dead");
                 Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Fate::Dead))
             }
