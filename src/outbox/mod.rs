@@ -19,16 +19,19 @@
 //! - [`claim`] — every statement the relay runs: claim, renew, complete,
 //!   retry, bury, reap, redrive. Each is one short autocommit statement;
 //!   completion and failure are fenced on `attempts`.
-//! - [`retry`] — pure: outcome classes, backoff with full jitter, `Retry-After`.
-//! - [`publisher`] — the [`publisher::Publisher`] trait and the HTTP one.
+//! - [`retry`] — pure: what an attempt came to ([`retry::Delivery`]) and
+//!   what its row does next ([`retry::Next`]), backoff with full jitter,
+//!   `Retry-After`.
+//! - [`publisher`] — the [`publisher::Publisher`] trait and one
+//!   destination per kind (HTTP, NATS JetStream, RabbitMQ).
 //! - [`check`] — what the relay checks in a config before it connects:
 //!   TLS settings, every destination as built, retry windows.
 //! - [`census`] — the backlog per destination, and rows of destinations the
 //!   relay does not have (*unroutable*): for gauges, logs and the admin API.
-//! - [`relay`] — the worker: one step ([`relay::Relay::try_execute_batch`])
-//!   for tests, and the service ([`relay::Relay::run`]): a lane per
+//! - [`relay`] — the worker: the service ([`relay::Relay::run`]): a lane per
 //!   destination, each with its own bounded concurrency and byte budget, and
-//!   housekeeping (reaper, census, retention) in a task of its own.
+//!   housekeeping (reaper, census, retention) in a task of its own; and one
+//!   step of those same lanes for tests ([`relay::Relay::try_execute_step`]).
 //! - [`listen`] — `LISTEN/NOTIFY` wake-ups on a connection outside the pool.
 //!
 //! The database itself (pool, schema name, migrations, TLS) is reached

@@ -35,10 +35,9 @@ mod template;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use super::claim::Claimed;
-use super::retry::Class;
+pub use super::retry::Delivery;
 use crate::config::{DestinationConfig, DestinationKind, Scrubber};
 use crate::escape::printable;
 pub use target::Target;
@@ -49,22 +48,6 @@ pub const MAX_ERROR_BODY: usize = 512;
 
 /// Characters of a reason kept, escapes included.
 const MAX_REASON: usize = 1024;
-
-/// The result of one delivery attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
-    /// The destination accepted it.
-    Delivered,
-    /// It did not; `class` says whether a retry can help.
-    Failed {
-        /// [`Class::Retry`] or [`Class::Reject`].
-        class: Class,
-        /// The destination's `Retry-After`, if any.
-        retry_after: Option<Duration>,
-        /// For `last_error` and logs.
-        reason: String,
-    },
-}
 
 /// Something that can attempt to deliver a claimed message.
 pub trait Publisher: Send + Sync + 'static {
@@ -151,11 +134,11 @@ impl Destinations {
         self
     }
 
-    /// A failed attempt, its reason scrubbed of every configured secret
+    /// An attempt, a failure's reason scrubbed of every configured secret
     /// and made printable: formed here, once, it is what `last_error`, the
     /// admin API and the log line all show.
-    fn failed(&self, class: Class, retry_after: Option<Duration>, reason: &str) -> Delivery {
-        Delivery::Failed { class, retry_after, reason: printable(&self.scrubber.scrub(reason), MAX_REASON) }
+    fn scrubbed(&self, attempt: Delivery) -> Delivery {
+        attempt.map_reason(|reason| printable(&self.scrubber.scrub(&reason), MAX_REASON))
     }
 }
 
@@ -163,12 +146,9 @@ impl Publisher for Destinations {
     async fn publish(&self, message: &Claimed) -> Delivery {
         let Some(destination) = self.destinations.get(&message.destination) else {
             let reason = format!("no destination named {:?} is configured", message.destination);
-            return self.failed(Class::Reject, None, &reason);
+            return self.scrubbed(Delivery::reject(reason));
         };
-        match destination.publish(message, &self.scrubber).await {
-            Delivery::Failed { class, retry_after, reason } => self.failed(class, retry_after, &reason),
-            delivered => delivered,
-        }
+        self.scrubbed(destination.publish(message, &self.scrubber).await)
     }
 }
 

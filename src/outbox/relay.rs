@@ -1,18 +1,13 @@
 //! The relay: claim due rows, publish them, record what happened.
 //!
-//! [`Relay::try_execute_batch`] is one step — claim up to `batch_size`
-//! rows (and `max_batch_bytes` of payload), publish them concurrently,
-//! record the deliveries together in one statement (still fenced row by
-//! row) and settle each failure by a fenced statement of its own — so
-//! tests drive the relay without sleeping. [`Relay::run`] is the service
-//! around the same pieces, built so that nothing one destination does can
-//! hold up another ([`lanes`]):
+//! [`Relay::run`] is the service, built so that nothing one destination
+//! does can hold up another ([`lanes`]):
 //!
 //! - every destination has a **lane** of its own: its own claims, at most
 //!   `max_in_flight` of its rows in flight, an equal share of
 //!   `max_in_flight_bytes`, and its own recording of deliveries. A lane
 //!   claims again as soon as it has room, so a slow publish holds its own
-//!   slot and nothing else (no step waits for the slowest row of a batch);
+//!   slot and nothing else (no step waits for the slowest row of a claim);
 //! - **housekeeping** — the reaper every `reap_interval`, the backlog
 //!   gauges and the unroutable census about every `poll_interval`, history
 //!   retention at start and hourly — runs in a task of its own
@@ -22,6 +17,19 @@
 //! - on shutdown the lanes stop claiming and let what they hold finish
 //!   (each publish is bounded by its destination's timeout; the whole drain
 //!   by one `lease`, as a database that stops answering bounds nothing).
+//!
+//! [`Relay::try_execute_step`] is one step of the same lanes, for tests:
+//! each lane takes one claim step — the one its loop in `run` repeats —
+//! through the same publishes and the same recorder, and the step returns
+//! once all it claimed is settled, so a test drives the relay without
+//! sleeping and exercises the code production runs.
+//!
+//! One attempt at a row passes through one type per stage:
+//! [`Delivery`] (what the publisher reports), [`super::retry::Next`]
+//! (what the retry policy makes of it: complete, retry in, or bury),
+//! `Fate` (how the attempt ended once the database has it: delivered,
+//! retried, dead, lost, or an error; what the metrics count), and
+//! [`Outcome`] (a step's tally of fates).
 //!
 //! [`start`] builds a relay from the config without touching the
 //! database, and waits for the database (and checks its schema) in the
@@ -61,9 +69,9 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::claim::{self, Claimed, Limits};
+use super::claim::{self, Claimed};
 use super::publisher::{Delivery, Publisher};
-use super::retry::{Class, Next, RetryPolicy};
+use super::retry::RetryPolicy;
 use super::{Database, OutboxError};
 use crate::lease::{Lease, Renewal, SettleBounds};
 use crate::metrics::Metrics;
@@ -71,12 +79,7 @@ use crate::metrics::Metrics;
 pub use settings::Settings;
 pub use start::Readiness;
 
-/// The longest a delivered row waits for others of its step before the
-/// deliveries are recorded together (in [`Relay::try_execute_batch`]; a
-/// lane records whatever has finished while its previous recording ran).
-pub const COMPLETE_LINGER: Duration = Duration::from_millis(5);
-
-/// What one step did.
+/// What one step did: the tally of its attempts' fates.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     /// Rows claimed.
@@ -93,7 +96,9 @@ pub struct Outcome {
     pub errors: usize,
 }
 
-/// How one attempt at a row ended, as the metrics count it.
+/// How one attempt at a row ended, once the database has it (or could not
+/// be told): what the metrics and an [`Outcome`] count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
     Delivered,
     Retried,
@@ -102,19 +107,9 @@ enum Fate {
     Error,
 }
 
-/// Where one row's publish left it. Lives for one match (or one channel
-/// send), so the size difference between its variants costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-enum Step {
-    /// Delivered, waiting to be recorded with others, under its lease.
-    Published(Claimed, Lease),
-    /// Settled on its own (retried, dead, lost, or an error).
-    Settled(Fate),
-}
-
 impl Outcome {
-    fn add(&mut self, settled: Fate) {
-        match settled {
+    fn add(&mut self, fate: Fate) {
+        match fate {
             Fate::Delivered => self.delivered += 1,
             Fate::Retried => self.retried += 1,
             Fate::Dead => self.dead += 1,
@@ -122,11 +117,16 @@ impl Outcome {
             Fate::Error => self.errors += 1,
         }
     }
+}
 
-    fn add_all(&mut self, settled: Vec<Fate>) {
-        for s in settled {
-            self.add(s);
-        }
+impl std::ops::AddAssign for Outcome {
+    fn add_assign(&mut self, other: Self) {
+        self.claimed += other.claimed;
+        self.delivered += other.delivered;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.lost += other.lost;
+        self.errors += other.errors;
     }
 }
 
@@ -203,87 +203,9 @@ impl<P: Publisher> Relay<P> {
         self.census().await
     }
 
-    /// One step: claim, publish concurrently, settle. Fails only if the claim does.
-    ///
-    /// Deliveries are recorded together: as publishes finish, their rows
-    /// wait (still leased) for the others, and one statement completes them
-    /// all ([`claim::complete_batch`], one commit instead of one per row).
-    /// A straggler does not hold the rest: [`COMPLETE_LINGER`] after the
-    /// first of them finished, what has finished is recorded. Failures are
-    /// settled one by one as they happen; they are the rare path.
-    pub async fn try_execute_batch(&self) -> Result<Outcome, OutboxError> {
-        let s = &self.inner.settings;
-        let limits = Limits { rows: s.batch_size, bytes: s.max_batch_bytes, alone: true };
-        let rows = claim::claim_within(&self.inner.db, &self.inner.destinations, limits, s.lease).await?;
-        let mut outcome = Outcome { claimed: rows.len(), ..Outcome::default() };
-        let mut tasks = tokio::task::JoinSet::new();
-        for row in rows {
-            let relay = self.clone();
-            tasks.spawn(async move { relay.attempt(row, None).await });
-        }
-        let mut published = Vec::new();
-        // When the first row now waiting for its completion was published:
-        // no row waits longer than COMPLETE_LINGER (its lease is no longer
-        // renewed once its publish is over).
-        let mut waiting_since = Instant::now();
-        loop {
-            let joined = if published.is_empty() {
-                tasks.join_next().await
-            } else {
-                match tokio::time::timeout_at(waiting_since + COMPLETE_LINGER, tasks.join_next()).await {
-                    Ok(joined) => joined,
-                    Err(_) => {
-                        let (rows, leases): (Vec<_>, Vec<_>) = std::mem::take(&mut published).into_iter().unzip();
-                        outcome.add_all(self.complete(&rows, leases).await);
-                        continue;
-                    }
-                }
-            };
-            match joined {
-                Some(Ok(Step::Published(row, lease))) => {
-                    if published.is_empty() {
-                        waiting_since = Instant::now();
-                    }
-                    published.push((row, lease));
-                }
-                Some(Ok(Step::Settled(settled))) => outcome.add(settled),
-                Some(Err(_)) => outcome.errors += 1,
-                None => break,
-            }
-        }
-        let (rows, leases): (Vec<_>, Vec<_>) = published.into_iter().unzip();
-        outcome.add_all(self.complete(&rows, leases).await);
-        Ok(outcome)
-    }
-
     /// Returns expired leases to the queue.
     pub async fn reap(&self) -> Result<u64, OutboxError> {
         claim::reap_expired(&self.inner.db).await
-    }
-
-    /// Publishes one row — once a permit of `slots` is free, if given (a
-    /// lane's bound on its destination's concurrency) — and settles it,
-    /// unless it was delivered (that waits for [`Self::complete`]).
-    async fn attempt(&self, row: Claimed, slots: Option<&Semaphore>) -> Step {
-        let pool = &self.inner.db;
-        let Some(policy) = self.inner.policies.get(&row.destination).copied() else {
-            return Step::Settled(Fate::Error); // unreachable: the claim filters by destination
-        };
-        let settled = if row.attempt > policy.max_attempts {
-            let reason = "attempts exhausted: earlier attempts ended without a result (expired leases)";
-            claim::bury(pool, row.fence, reason).await.map(|ok| if ok { Fate::Dead } else { Fate::Lost })
-        } else {
-            // A lease lost mid-publish shows again in the fenced settlement.
-            let (attempt, mut lease) = self.publish_renewing(&row, slots).await;
-            let Delivery::Failed { class, retry_after, reason } = attempt else {
-                return Step::Published(row, lease);
-            };
-            // A settlement that fails on a database hiccup is tried again
-            // while the lease holds.
-            let settle = |_| self.settle_failure(&row, policy, class, retry_after, &reason);
-            lease.settle(self.settle_bounds(), settle, || self.renew(&row), ()).await.map_err(|a| a.error)
-        };
-        Step::Settled(self.record(&row, settled))
     }
 
     /// Records the deliveries of published rows in one statement, under the
@@ -341,23 +263,21 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
+    /// Schedules a failed row's next attempt in `retry_in`, or (`None`) buries it.
     async fn settle_failure(
         &self,
         row: &Claimed,
-        policy: RetryPolicy,
-        class: Class,
-        retry_after: Option<Duration>,
+        retry_in: Option<Duration>,
         reason: &str,
     ) -> Result<Fate, OutboxError> {
         let pool = &self.inner.db;
         let lost_unless = |ok: bool, settled: Fate| if ok { settled } else { Fate::Lost };
-        let unit: f64 = rand::random();
-        match policy.after_failure(class, row.attempt, retry_after, unit) {
-            Next::RetryIn(delay) => {
+        match retry_in {
+            Some(delay) => {
                 tracing::debug!(id = row.fence.id, trace_id = row.trace_id(), ?delay, %reason, "outbox attempt failed; retrying");
                 Ok(lost_unless(claim::retry(pool, row.fence, delay, reason).await?, Fate::Retried))
             }
-            Next::Dead => {
+            None => {
                 tracing::warn!(id = row.fence.id, trace_id = row.trace_id(), destination = %row.destination, %reason, "outbox row is dead");
                 Ok(lost_unless(claim::bury(pool, row.fence, reason).await?, Fate::Dead))
             }
@@ -379,17 +299,14 @@ impl<P: Publisher> Relay<P> {
         SettleBounds { one_try: self.inner.settings.lease / 10, until: None }
     }
 
-    /// Waits for a slot (if `slots` is given) and publishes, renewing the
+    /// Waits for a slot of `slots` and publishes, renewing the
     /// lease throughout; returns the attempt and the lease as last renewed.
-    async fn publish_renewing(&self, row: &Claimed, slots: Option<&Semaphore>) -> (Delivery, Lease) {
+    async fn publish_renewing(&self, row: &Claimed, slots: &Semaphore) -> (Delivery, Lease) {
         // Counted from now, not from the claim: the claim is moments old,
         // and renewing a third of the way in leaves ample room either way.
         let mut lease = Lease::new(self.inner.settings.lease, Instant::now());
         let publish = async {
-            let _slot = match slots {
-                Some(slots) => slots.acquire().await.ok(),
-                None => None,
-            };
+            let _slot = slots.acquire().await.ok();
             let m = &self.inner.metrics;
             let in_flight = m.outbox_in_flight.with_label_values(&[row.destination.as_str()]);
             in_flight.inc();

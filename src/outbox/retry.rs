@@ -1,12 +1,23 @@
-//! What one delivery attempt's result means, and when to try again. Pure.
+//! What one delivery attempt came to, and what happens to its row next. Pure.
 //!
-//! Outcome classes (DESIGN.md, "Destinations"):
+//! Two types, one per stage of an attempt:
 //!
-//! | result                                   | class                      |
+//! - [`Delivery`] — what a publisher reports: delivered, worth a retry,
+//!   or rejected for good (with the destination's reason and `Retry-After`);
+//! - [`Next`] — what [`RetryPolicy::decide`] makes of it for the row:
+//!   record the delivery, try again after a backoff, or bury the row.
+//!
+//! (How the attempt then ended, once the database has it, is the relay's
+//! `Fate`; a step's tally of those is its [`Outcome`](super::relay::Outcome).)
+//!
+//! An HTTP status decides as follows (DESIGN.md, "Destinations";
+//! [`classify_status`]):
+//!
+//! | result                                   | delivery                   |
 //! |------------------------------------------|----------------------------|
-//! | `2xx`                                    | [`Class::Delivered`]       |
-//! | `409`, `429`, `5xx`, timeout, reset, refused | [`Class::Retry`]       |
-//! | `422` and every other `4xx`; `1xx`, `3xx` | [`Class::Reject`] (dead at once) |
+//! | `2xx`                                    | [`Delivery::Delivered`]    |
+//! | `409`, `429`, `5xx`, timeout, reset, refused | [`Delivery::Retry`]    |
+//! | `422` and every other `4xx`; `1xx`, `3xx` | [`Delivery::Reject`] (dead at once) |
 //!
 //! A `3xx` is a rejection, not a retry: the relay does not follow redirects
 //! (the `Idempotency-Key` must reach the destination the operator named),
@@ -36,29 +47,69 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
 }
 
-/// The class of one attempt's result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// The destination accepted the message.
+/// What one delivery attempt came to, as its publisher reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The destination confirmed the message.
     Delivered,
-    /// Transient: try again later.
-    Retry,
-    /// Permanent: no retry can help; the row is dead.
-    Reject,
+    /// Transient: a later attempt may succeed.
+    Retry {
+        /// The destination's `Retry-After`, if any: a floor on the backoff.
+        retry_after: Option<Duration>,
+        /// For `last_error` and logs.
+        reason: String,
+    },
+    /// Permanent: no retry can help; the row is dead at once.
+    Reject {
+        /// For `last_error` and logs.
+        reason: String,
+    },
 }
 
-/// Classifies an HTTP status.
-pub fn classify_status(status: u16) -> Class {
-    match status {
-        200..=299 => Class::Delivered,
-        409 | 429 | 500..=599 => Class::Retry,
-        _ => Class::Reject,
+impl Delivery {
+    /// A transient failure without a `Retry-After`.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Self::Retry { retry_after: None, reason: reason.into() }
+    }
+
+    /// A permanent failure.
+    pub fn reject(reason: impl Into<String>) -> Self {
+        Self::Reject { reason: reason.into() }
+    }
+
+    /// Why it failed; `None` for a delivery.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Delivered => None,
+            Self::Retry { reason, .. } | Self::Reject { reason } => Some(reason),
+        }
+    }
+
+    /// The same result with its reason rewritten by `rewrite` (a delivery has none).
+    pub fn map_reason(self, rewrite: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Self::Delivered => Self::Delivered,
+            Self::Retry { retry_after, reason } => Self::Retry { retry_after, reason: rewrite(reason) },
+            Self::Reject { reason } => Self::Reject { reason: rewrite(reason) },
+        }
     }
 }
 
-/// What to do with a row after a failed attempt.
+/// What an HTTP response with `status` came to: `retry_after` and
+/// `reason` count only for a failure.
+pub fn classify_status(status: u16, retry_after: Option<Duration>, reason: String) -> Delivery {
+    match status {
+        200..=299 => Delivery::Delivered,
+        409 | 429 | 500..=599 => Delivery::Retry { retry_after, reason },
+        _ => Delivery::Reject { reason },
+    }
+}
+
+/// What happens to a row after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
+    /// Record its delivery: it leaves the outbox.
+    Complete,
     /// Make it claimable again after this long (by the database clock).
     RetryIn(Duration),
     /// Give up: mark it dead.
@@ -92,12 +143,16 @@ impl RetryPolicy {
         }
     }
 
-    /// Decides a failed attempt: `attempt` is the number of attempts made
-    /// since the last redrive, including this one.
-    pub fn after_failure(&self, class: Class, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Next {
-        match class {
-            Class::Retry if attempt < self.max_attempts => Next::RetryIn(self.backoff(attempt, retry_after, unit)),
-            _ => Next::Dead,
+    /// Decides what an attempt means for its row: `attempt` is the number
+    /// of attempts made since the last redrive, including this one; `unit`
+    /// is the backoff's random draw (see [`Self::backoff`]).
+    pub fn decide(&self, delivery: &Delivery, attempt: u32, unit: f64) -> Next {
+        match delivery {
+            Delivery::Delivered => Next::Complete,
+            Delivery::Retry { retry_after, .. } if attempt < self.max_attempts => {
+                Next::RetryIn(self.backoff(attempt, *retry_after, unit))
+            }
+            Delivery::Retry { .. } | Delivery::Reject { .. } => Next::Dead,
         }
     }
 
@@ -139,15 +194,21 @@ mod tests {
 
     #[test]
     fn statuses_fall_into_the_designed_classes() {
+        let classify = |status| classify_status(status, None, format!("HTTP {status}"));
         for status in [200, 201, 202, 204, 299] {
-            assert_eq!(classify_status(status), Class::Delivered, "{status}");
+            assert_eq!(classify(status), Delivery::Delivered, "{status}");
         }
         for status in [409, 429, 500, 502, 503, 504, 599] {
-            assert_eq!(classify_status(status), Class::Retry, "{status}");
+            assert_eq!(classify(status), Delivery::retry(format!("HTTP {status}")), "{status}");
         }
         for status in [400, 401, 403, 404, 410, 422, 301, 302, 100] {
-            assert_eq!(classify_status(status), Class::Reject, "{status}");
+            assert_eq!(classify(status), Delivery::reject(format!("HTTP {status}")), "{status}");
         }
+        let later = Some(Duration::from_secs(7));
+        assert_eq!(
+            classify_status(503, later, "busy".into()),
+            Delivery::Retry { retry_after: later, reason: "busy".into() }
+        );
     }
 
     #[test]
@@ -159,9 +220,17 @@ mod tests {
 
     #[test]
     fn retries_stop_at_max_attempts_and_rejections_at_once() {
-        assert_eq!(POLICY.after_failure(Class::Retry, 4, None, 0.0), Next::RetryIn(Duration::ZERO));
-        assert_eq!(POLICY.after_failure(Class::Retry, 5, None, 0.0), Next::Dead);
-        assert_eq!(POLICY.after_failure(Class::Reject, 1, None, 0.0), Next::Dead);
+        let (retry, reject) = (Delivery::retry("503"), Delivery::reject("422"));
+        assert_eq!(POLICY.decide(&retry, 4, 0.0), Next::RetryIn(Duration::ZERO));
+        assert_eq!(POLICY.decide(&retry, 5, 0.0), Next::Dead);
+        assert_eq!(POLICY.decide(&reject, 1, 0.0), Next::Dead);
+        assert_eq!(POLICY.decide(&Delivery::Delivered, 5, 0.0), Next::Complete);
+    }
+
+    #[test]
+    fn a_retry_after_reaches_the_backoff_through_the_decision() {
+        let slow_down = Delivery::Retry { retry_after: Some(Duration::from_secs(7)), reason: "429".into() };
+        assert_eq!(POLICY.decide(&slow_down, 1, 0.5), Next::RetryIn(Duration::from_secs(7)));
     }
 
     #[test]

@@ -63,7 +63,7 @@ async fn two_outboxes_enqueueing_the_same_message_both_take_effect_at_one_destin
     assert_ne!(keys[0], keys[1], "each outbox derives its own key");
     assert_eq!(fx.drain(&fx.relay(LEASE)).await.delivered, 1);
     let relay_b = Relay::new(other.database(4), fx.publisher(), fx.policies(), settings(LEASE));
-    assert_eq!(relay_b.try_execute_batch().await.unwrap().delivered, 1);
+    assert_eq!(relay_b.try_execute_step().await.unwrap().delivered, 1);
     assert_eq!(fx.sink.effects(), 2, "both charges applied: {:?}", fx.sink.received());
     let statuses: Vec<u16> = fx.sink.received().iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 200], "neither was refused as a replay of the other");

@@ -1,5 +1,6 @@
-//! Destinations are isolated, and a claim is bounded by bytes: the relay's
-//! lanes against the real PostgreSQL.
+//! Destinations are isolated, a claim is bounded by bytes, and the step
+//! tests drive is one claim of each lane: the relay's lanes against the
+//! real PostgreSQL.
 //!
 //! The slow destination here is a gate: a real HTTP server that holds
 //! every request whose payload says `"hold": true` until the test opens
@@ -24,7 +25,7 @@ use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::metrics::Metrics;
 use idemgate::outbox::claim::{self, Limits};
 use idemgate::outbox::publisher::Destinations;
-use idemgate::outbox::relay::Relay;
+use idemgate::outbox::relay::{Relay, Settings};
 use serde_json::json;
 use support::http_server::HttpServer;
 use support::outbox::settings;
@@ -113,14 +114,13 @@ fn relay(
     schema: &TestSchema,
     sink: &Sink,
     gate: &Gate,
-    max_in_flight: u32,
+    settings: Settings,
     metrics: &Arc<Metrics>,
 ) -> Relay<Destinations> {
     let destinations =
         BTreeMap::from([("fast".to_string(), destination(sink.url())), ("slow".to_string(), destination(gate.url()))]);
     let policies = destinations.iter().map(|(name, d)| (name.clone(), RetryPolicy::from(d))).collect();
     let publisher = Destinations::new(&destinations).unwrap();
-    let settings = idemgate::outbox::relay::Settings { max_in_flight, ..settings(LEASE) };
     Relay::new(schema.database(4), publisher, policies, settings).with_metrics(metrics.clone())
 }
 
@@ -172,7 +172,8 @@ async fn a_slow_destination_never_delays_a_fast_one_and_the_gauges_show_it_while
     let (sink, gate) = (Sink::start().await, Gate::start().await);
     let metrics = Arc::new(Metrics::new());
     let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(&schema, &sink, &gate, 32, &metrics).run(listen(&schema), stop.clone()));
+    let running =
+        tokio::spawn(relay(&schema, &sink, &gate, settings(LEASE), &metrics).run(listen(&schema), stop.clone()));
 
     enqueue(&schema, "slow", "s", 3, json!({"hold": true})).await;
     gate.wait_arrived(3).await;
@@ -202,7 +203,10 @@ async fn a_destination_at_max_in_flight_holds_back_only_its_own_rows() {
     let (sink, gate) = (Sink::start().await, Gate::start().await);
     let metrics = Arc::new(Metrics::new());
     let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(&schema, &sink, &gate, 2, &metrics).run(listen(&schema), stop.clone()));
+    let running = tokio::spawn(
+        relay(&schema, &sink, &gate, Settings { max_in_flight: 2, ..settings(LEASE) }, &metrics)
+            .run(listen(&schema), stop.clone()),
+    );
 
     enqueue(&schema, "slow", "held", 4, json!({"hold": true})).await;
     gate.wait_arrived(2).await;
@@ -234,7 +238,7 @@ async fn a_held_publish_does_not_hold_the_rest_of_its_own_claim() {
     );
     client.query_one(&sql, &[]).await.unwrap();
     let stop = CancellationToken::new();
-    let running = tokio::spawn(relay(&schema, &sink, &gate, 32, &metrics).run(None, stop.clone()));
+    let running = tokio::spawn(relay(&schema, &sink, &gate, settings(LEASE), &metrics).run(None, stop.clone()));
 
     gate.wait_arrived(21).await;
     // Recorded, not only published: the 20 rows left the outbox while the first is held.
@@ -249,6 +253,29 @@ async fn a_held_publish_does_not_hold_the_rest_of_its_own_claim() {
     wait_until_empty(&schema).await;
     stop.cancel();
     running.await.unwrap();
+}
+
+/// One step, as the tests drive the relay, is one claim of each lane — at
+/// most `batch_size` rows per destination — through the lanes' own
+/// publishes and recorders, and returns only once all it claimed is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_step_claims_a_batch_per_destination_and_returns_once_all_of_it_is_recorded() {
+    let schema = TestSchema::create().await;
+    let (sink, gate) = (Sink::start().await, Gate::start().await);
+    enqueue(&schema, "fast", "f", 6, json!({})).await;
+    enqueue(&schema, "slow", "s", 6, json!({})).await;
+    let metrics = Arc::new(Metrics::new());
+    let relay = relay(&schema, &sink, &gate, Settings { batch_size: 4, ..settings(LEASE) }, &metrics);
+
+    let first = relay.try_execute_step().await.unwrap();
+    assert_eq!((first.claimed, first.delivered), (8, 8), "{first:?}");
+    assert_eq!((sink.count(), gate.arrived()), (4, 4), "four rows to each destination");
+    assert_eq!(count(&schema, "state = 'leased'").await, 0, "every delivery recorded before the step returned");
+    assert_eq!(count(&schema, "true").await, 4);
+    let second = relay.try_execute_step().await.unwrap();
+    assert_eq!((second.claimed, second.delivered), (4, 4), "{second:?}");
+    assert_eq!(count(&schema, "true").await, 0);
+    assert_eq!(relay.try_execute_step().await.unwrap(), Default::default(), "nothing left");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,7 +88,7 @@ async fn a_row_whose_claims_keep_expiring_is_buried_once_its_attempts_are_used_u
         tokio::time::sleep(PAST_SHORT_LEASE).await;
         assert_eq!(claim::reap_expired(&fx.db).await.unwrap(), 1);
     }
-    let outcome = fx.relay(LEASE).try_execute_batch().await.unwrap();
+    let outcome = fx.relay(LEASE).try_execute_step().await.unwrap();
     assert_eq!((outcome.claimed, outcome.dead), (1, 1), "{outcome:?}");
     assert_eq!(fx.sink.count(), 0, "buried without a fourth publish");
     let dead = dead::page(&fx.db, &dead::DeadQuery { destination: None, offset: 0, limit: 10 }).await.unwrap().rows;
@@ -100,7 +100,7 @@ async fn a_slow_publish_keeps_its_lease_by_renewing_it() {
     let fx = Fixture::start().await;
     fx.enqueue("order:5", json!({"delay_ms": 1500}), None).await;
     let slow = fx.relay(Duration::from_millis(600));
-    let running = tokio::spawn(async move { slow.try_execute_batch().await.unwrap() });
+    let running = tokio::spawn(async move { slow.try_execute_step().await.unwrap() });
     for _ in 0..500 {
         if fx.count("state = 'leased'").await == 1 {
             break;
@@ -111,7 +111,7 @@ async fn a_slow_publish_keeps_its_lease_by_renewing_it() {
     let other = fx.relay(LEASE);
     while !running.is_finished() {
         other.reap().await.unwrap();
-        assert_eq!(other.try_execute_batch().await.unwrap().claimed, 0, "the renewed lease was taken");
+        assert_eq!(other.try_execute_step().await.unwrap().claimed, 0, "the renewed lease was taken");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(running.await.unwrap().delivered, 1);

@@ -1,7 +1,8 @@
 //! The outbox relay against the real PostgreSQL: each test in a schema of
 //! its own, publishing to a real HTTP destination on port 0 that records
 //! what it receives. Most tests drive the relay one step at a time
-//! (`try_execute_batch`); the waits that remain are for time itself (a
+//! (`try_execute_step`: one claim step of each of the lanes `Relay::run`
+//! runs, awaited until settled); the waits that remain are for time itself (a
 //! lease or a backoff running out) or bounded waits for an outcome.
 //!
 //! One test binary, one module per guarantee:
@@ -36,8 +37,9 @@
 //!   ordering key (so never deadlocks with one);
 //! - [`enqueue`]: the derived key, byte for byte the same from SQL and
 //!   Rust, and what `enqueue` and `enqueue_many` refuse;
-//! - [`lanes`]: destinations are isolated (a slow one holds up no other)
-//!   and a claim is bounded by bytes;
+//! - [`lanes`]: destinations are isolated (a slow one holds up no other),
+//!   a claim is bounded by bytes, and a test's step is one claim per lane,
+//!   settled before it returns;
 //! - [`publisher`]: a `2xx` whose body breaks off is delivered once, and no
 //!   header, credential or destination's body corrupts a request or a log;
 //! - [`unroutable`]: rows for a destination the relay does not have wait

@@ -73,7 +73,7 @@ async fn a_rolled_back_business_transaction_delivers_nothing() {
     enqueue_in(&fx.schema.schema, &tx, &Message::new(DESTINATION, "notify", "order:2", &payload)).await.unwrap();
     tx.rollback().await.unwrap();
     let relay = fx.relay(LEASE);
-    assert_eq!(relay.try_execute_batch().await.unwrap().claimed, 0);
+    assert_eq!(relay.try_execute_step().await.unwrap().claimed, 0);
     assert_eq!(fx.count("true").await, 0);
     assert_eq!(fx.sink.count(), 0);
 }

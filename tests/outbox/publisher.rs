@@ -17,7 +17,6 @@ use idemgate::config::{ConfigDuration, DestinationConfig};
 use idemgate::outbox::OutboxError;
 use idemgate::outbox::claim::{ClaimFence, Claimed};
 use idemgate::outbox::publisher::{Delivery, Destinations, Publisher};
-use idemgate::outbox::retry::Class;
 use serde_json::json;
 use support::outbox::Fixture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -222,8 +221,7 @@ async fn the_publisher_refuses_a_framing_header_before_opening_a_connection() {
     config.timeout = ConfigDuration(Duration::from_secs(2));
     let publisher = Destinations::new(&BTreeMap::from([("sink".to_string(), config)])).unwrap();
     let attempt = publisher.publish(&claimed("sink", &[("Content-Length", "5")])).await;
-    let Delivery::Failed { class, reason, .. } = attempt else { panic!("published: {attempt:?}") };
-    assert_eq!(class, Class::Reject);
+    let Delivery::Reject { reason } = attempt else { panic!("not rejected: {attempt:?}") };
     assert!(reason.contains("\"Content-Length\" is refused"), "{reason}");
     assert_eq!(publisher.publish(&claimed("sink", &[("x-tenant", "acme")])).await, Delivery::Delivered);
     assert_eq!(destination.requests(), 1, "only the clean message was sent");

@@ -110,7 +110,7 @@ async fn a_429_with_retry_after_waits_at_least_that_long() {
     let mut fx = Fixture::start().await;
     fx.destination.backoff_max = idemgate::config::ConfigDuration(Duration::from_secs(60));
     fx.enqueue("order:8", json!({"status": 429, "retry_after": "30"}), None).await;
-    let outcome = fx.relay(LEASE).try_execute_batch().await.unwrap();
+    let outcome = fx.relay(LEASE).try_execute_step().await.unwrap();
     assert_eq!(outcome.retried, 1);
     // By the database clock: not due for (nearly) 30 s; a jittered backoff alone would be under 10 ms.
     assert_eq!(fx.count("state = 'ready' AND available_at > now() + interval '29 seconds'").await, 1);

@@ -299,11 +299,11 @@ async fn an_upgrade_keeps_enqueue_for_roles_that_used_it_and_mends_their_re_enqu
     assert_eq!(enqueue_as(&mut client, &schema.schema, "order:1").await, key, "now a no-op");
     enqueue_as(&mut client, &schema.schema, "order:2").await;
     let relay = Relay::new(schema.database(4), fx.publisher(), fx.policies(), settings(LEASE));
-    assert_eq!(relay.try_execute_batch().await.unwrap().delivered, 1, "order:2 alone");
+    assert_eq!(relay.try_execute_step().await.unwrap().delivered, 1, "order:2 alone");
     assert_eq!(fx.sink.count_for(&key), 0, "the delivered key is not sent again");
     // Migrations 6 and 7 give it the set-based form too, as it had enqueue.
     assert_eq!(enqueue_many_as(&mut client, &schema.schema, &["order:1", "order:3"]).await[0], key);
-    assert_eq!(relay.try_execute_batch().await.unwrap().delivered, 1);
+    assert_eq!(relay.try_execute_step().await.unwrap().delivered, 1);
     assert_eq!(fx.sink.count_for(&key), 0);
     assert_eq!(fx.sink.count(), 2, "order:2 and order:3");
 }

@@ -86,13 +86,8 @@ impl Fixture {
     pub async fn drain(&self, relay: &Relay<Destinations>) -> Outcome {
         let mut total = Outcome::default();
         for _ in 0..200 {
-            let outcome = relay.try_execute_batch().await.expect("step");
-            total.claimed += outcome.claimed;
-            total.delivered += outcome.delivered;
-            total.retried += outcome.retried;
-            total.dead += outcome.dead;
-            total.lost += outcome.lost;
-            total.errors += outcome.errors;
+            let outcome = relay.try_execute_step().await.expect("step");
+            total += outcome;
             if outcome.claimed == 0 {
                 // Ready rows behind their ordering key's head wait for it, not for time.
                 let heads = "state = 'ready' AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idemgate.outbox e

@@ -40,7 +40,6 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::Mutex;
 
 use super::super::claim::Claimed;
-use super::super::retry::Class;
 use super::template::{Template, TemplateError};
 use super::{Delivery, Destination, MessageHeaderError, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
@@ -227,17 +226,16 @@ impl AmqpDestination {
     }
 
     async fn attempt(&self, message: &Claimed) -> Delivery {
-        let failed = |class, reason: String| Delivery::Failed { class, retry_after: None, reason };
         let routing_key = match self.routing_key.render(message, |_| Ok::<(), std::convert::Infallible>(())) {
             Ok(key) => key,
-            Err(reason) => return failed(Class::Reject, format!("routing_key: {reason}")),
+            Err(reason) => return Delivery::reject(format!("routing_key: {reason}")),
         };
         let Ok(routing_key) = ShortString::try_new(routing_key) else {
-            return failed(Class::Reject, format!("routing_key: longer than {MAX_SHORT} bytes once filled in"));
+            return Delivery::reject(format!("routing_key: longer than {MAX_SHORT} bytes once filled in"));
         };
         let properties = match self.properties(message) {
             Ok(properties) => properties,
-            Err(reason) => return failed(Class::Reject, reason.to_string()),
+            Err(reason) => return Delivery::reject(reason.to_string()),
         };
         let used = std::sync::Mutex::new(None);
         let confirmed = tokio::time::timeout(self.timeout, async {
@@ -264,20 +262,17 @@ impl AmqpDestination {
         }
         match confirmed {
             Ok(Ok(Confirmation::Ack(None))) => Delivery::Delivered,
-            Ok(Ok(Confirmation::Ack(Some(returned)))) => failed(
-                Class::Retry,
-                format!(
-                    "returned by the broker ({} {}): no queue is bound to exchange {:?} for routing key {:?}",
-                    returned.reply_code,
-                    returned.reply_text,
-                    self.exchange.as_str(),
-                    routing_key.as_str()
-                ),
-            ),
-            Ok(Ok(Confirmation::Nack(_))) => failed(Class::Retry, "the broker refused the message (nack)".into()),
-            Ok(Ok(Confirmation::NotRequested)) => failed(Class::Retry, "the channel was not in confirm mode".into()),
-            Ok(Err(reason)) => failed(Class::Retry, reason),
-            Err(_) => failed(Class::Retry, format!("no confirmation within {:?}", self.timeout)),
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => Delivery::retry(format!(
+                "returned by the broker ({} {}): no queue is bound to exchange {:?} for routing key {:?}",
+                returned.reply_code,
+                returned.reply_text,
+                self.exchange.as_str(),
+                routing_key.as_str()
+            )),
+            Ok(Ok(Confirmation::Nack(_))) => Delivery::retry("the broker refused the message (nack)"),
+            Ok(Ok(Confirmation::NotRequested)) => Delivery::retry("the channel was not in confirm mode"),
+            Ok(Err(reason)) => Delivery::retry(reason),
+            Err(_) => Delivery::retry(format!("no confirmation within {:?}", self.timeout)),
         }
     }
 }

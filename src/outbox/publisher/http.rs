@@ -37,7 +37,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::super::claim::Claimed;
-use super::super::retry::{Class, classify_status, parse_retry_after};
+use super::super::retry::{classify_status, parse_retry_after};
 use super::target::TargetError;
 use super::{Delivery, Destination, MAX_ERROR_BODY, Target};
 use crate::config::{DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig, Scrubber};
@@ -74,25 +74,25 @@ impl HttpDestination {
     }
 
     async fn attempt(&self, message: &Claimed, scrubber: &Scrubber) -> Delivery {
-        let failed = |class, retry_after, reason: String| Delivery::Failed { class, retry_after, reason };
         let request = match self.target.request(message) {
             Ok(request) => request,
-            Err(reason) => return failed(Class::Reject, None, reason.to_string()),
+            Err(reason) => return Delivery::reject(reason.to_string()),
         };
         let deadline = Instant::now() + self.timeout;
         let sent = tokio::time::timeout_at(deadline, self.client.send(request, self.timeout)).await;
         let response = match sent {
-            Err(_) => return failed(Class::Retry, None, format!("no response within {:?}", self.timeout)),
-            Ok(Err(e)) => return failed(Class::Retry, None, e.to_string()),
+            Err(_) => return Delivery::retry(format!("no response within {:?}", self.timeout)),
+            Ok(Err(e)) => return Delivery::retry(e.to_string()),
             Ok(Ok(response)) => response,
         };
         let status = response.status().as_u16();
         let header = |name| response.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
         let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(v, header(DATE)));
-        let class = classify_status(status);
-        let keep = if class == Class::Delivered { 0 } else { MAX_ERROR_BODY };
+        // A success's body is only drained; a failure's first bytes are its reason.
+        let delivered = response.status().is_success();
+        let keep = if delivered { 0 } else { MAX_ERROR_BODY };
         let (kept, ending) = read_body(response.into_body(), keep, deadline).await;
-        if class == Class::Delivered {
+        if delivered {
             if let Some(ending) = ending {
                 tracing::debug!(destination = %message.destination, trace_id = message.trace_id(), status, ending, "delivered: the body of a 2xx broke off");
             }
@@ -104,7 +104,7 @@ impl HttpDestination {
         if let Some(ending) = ending {
             reason.push_str(&format!(" ({ending})"));
         }
-        failed(class, retry_after, reason)
+        classify_status(status, retry_after, reason)
     }
 }
 

@@ -42,7 +42,6 @@ use bytes::Bytes;
 use tokio::sync::OnceCell;
 
 use super::super::claim::Claimed;
-use super::super::retry::Class;
 use super::template::{Template, TemplateError};
 use super::{Delivery, Destination, MessageHeaderError, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
@@ -261,18 +260,17 @@ impl NatsDestination {
     }
 
     async fn attempt(&self, message: &Claimed) -> Delivery {
-        let failed = |class, reason: String| Delivery::Failed { class, retry_after: None, reason };
         let subject = match self.subject.render(message, subject_token) {
             Ok(subject) => subject,
-            Err(reason) => return failed(Class::Reject, format!("subject: {reason}")),
+            Err(reason) => return Delivery::reject(format!("subject: {reason}")),
         };
         let headers = match self.headers(message) {
             Ok(headers) => headers,
-            Err(reason) => return failed(Class::Reject, reason.to_string()),
+            Err(reason) => return Delivery::reject(reason.to_string()),
         };
         let publish = PublishMessage::build().payload(Bytes::from(message.payload.clone())).headers(headers);
         let acknowledged = tokio::time::timeout(self.timeout, async {
-            let context = self.context().await.map_err(|reason| (Class::Retry, reason.to_string()))?;
+            let context = self.context().await.map_err(|reason| Delivery::retry(reason.to_string()))?;
             let pending = context.send_publish(subject.clone(), publish).await.map_err(|e| classify(&e, &subject))?;
             pending.await.map_err(|e| classify(&e, &subject))
         })
@@ -284,8 +282,8 @@ impl NatsDestination {
                 }
                 Delivery::Delivered
             }
-            Ok(Err((class, reason))) => failed(class, self.with_trouble(reason)),
-            Err(_) => failed(Class::Retry, self.with_trouble(format!("no acknowledgement within {:?}", self.timeout))),
+            Ok(Err(failed)) => failed.map_reason(|reason| self.with_trouble(reason)),
+            Err(_) => Delivery::retry(self.with_trouble(format!("no acknowledgement within {:?}", self.timeout))),
         }
     }
 
@@ -320,11 +318,11 @@ fn note(trouble: &Mutex<Option<String>>, event: &Event) {
 }
 
 /// A failed publish: refused for good when no retry can make it fit.
-fn classify(error: &async_nats::jetstream::context::PublishError, subject: &str) -> (Class, String) {
+fn classify(error: &async_nats::jetstream::context::PublishError, subject: &str) -> Delivery {
     match error.kind() {
-        PublishErrorKind::StreamNotFound => (Class::Retry, format!("no stream takes subject {subject:?}")),
-        PublishErrorKind::MaxPayloadExceeded => (Class::Reject, error.to_string()),
-        _ => (Class::Retry, error.to_string()),
+        PublishErrorKind::StreamNotFound => Delivery::retry(format!("no stream takes subject {subject:?}")),
+        PublishErrorKind::MaxPayloadExceeded => Delivery::reject(error.to_string()),
+        _ => Delivery::retry(error.to_string()),
     }
 }
 

@@ -30,9 +30,14 @@
 //! next row may be due).
 //!
 //! Delivered rows go to the lane's recorder, which writes all that have
-//! finished since its last statement in one [`claim::complete_batch`]
+//! finished since its last statement in one [`complete_batch`](crate::outbox::claim::complete_batch)
 //! (group commit: the busier the lane, the bigger the batch, with no
 //! timer), while the lane goes on claiming and publishing.
+//!
+//! What the loop repeats — one claim, a publish task per row, the recorder
+//! — is the claim step of [`step`]; [`Relay::try_execute_step`] takes that
+//! same step once per lane and waits for it to settle, which is how the
+//! tests drive the relay.
 //!
 //! Order and fencing are the claim's, unchanged: a row of an ordering key
 //! is claimable only once no earlier row of its key is left in the outbox
@@ -46,21 +51,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{Relay, Settings, Step, claim};
-use crate::lease::Lease;
+use super::{Relay, Settings};
 use crate::outbox::OutboxError;
-use crate::outbox::claim::{Claimed, Limits, Payload};
+use crate::outbox::claim::Limits;
 use crate::outbox::publisher::Publisher;
 use crate::postgres::Endpoint;
+use step::LaneTasks;
 
-/// The most deliveries one recording statement writes.
-const MAX_RECORDED_TOGETHER: usize = 1024;
+mod step;
+
 /// The most a failing claim is logged: once, then at most this often.
 const CLAIM_ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 /// How long a lane with a few places free (and other rows still settling)
@@ -69,7 +74,7 @@ const REFILL_LINGER: Duration = Duration::from_millis(2);
 
 /// One destination's claim loop and budgets.
 struct Lane {
-    /// The destination, as [`claim::claim_within`] takes it.
+    /// The destination, as [`claim_within`](crate::outbox::claim::claim_within) takes it.
     destination: [String; 1],
     /// One permit per publish running: `max_in_flight`.
     slots: Semaphore,
@@ -81,14 +86,6 @@ struct Lane {
     byte_share: usize,
     /// Publishes ended, rows settled, `NOTIFY`s: something may have become claimable.
     wake: Notify,
-}
-
-/// A delivered row waiting for the recorder, holding its place among the
-/// unsettled, under its lease.
-struct Published {
-    row: Claimed,
-    lease: Lease,
-    unsettled: OwnedSemaphorePermit,
 }
 
 /// What a lane has free right now.
@@ -200,13 +197,7 @@ impl<P: Publisher> Relay<P> {
     /// Dropping this future (an aborted task) stops everything it started.
     pub async fn run(self, listen: Option<Endpoint>, stop: CancellationToken) {
         let settings = self.inner.settings;
-        let share = byte_share(settings.max_in_flight_bytes, self.inner.destinations.len());
-        let lanes: Vec<Arc<Lane>> = self
-            .inner
-            .destinations
-            .iter()
-            .map(|destination| Arc::new(Lane::new(destination, &settings, share)))
-            .collect();
+        let lanes = self.lanes();
         let listener = listen.map(|endpoint| {
             let notified = wake_for(lanes.clone());
             AbortOnDropHandle::new(tokio::spawn(crate::outbox::listen::listen_with(endpoint, notified, stop.clone())))
@@ -241,18 +232,23 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
+    /// A lane for each destination, sharing the byte budget equally.
+    fn lanes(&self) -> Vec<Arc<Lane>> {
+        let settings = self.inner.settings;
+        let share = byte_share(settings.max_in_flight_bytes, self.inner.destinations.len());
+        self.inner.destinations.iter().map(|destination| Arc::new(Lane::new(destination, &settings, share))).collect()
+    }
+
     /// One lane's claim loop, until `stop`; then it waits for what it holds.
     async fn drive(self, lane: Arc<Lane>, stop: CancellationToken) {
         let settings = self.inner.settings;
         let poll = settings.poll_interval;
-        let (delivered, recorded) = mpsc::unbounded_channel();
-        let recorder = AbortOnDropHandle::new(tokio::spawn(self.clone().record_deliveries(lane.clone(), recorded)));
-        let mut publishes = JoinSet::new();
+        let mut tasks = LaneTasks::start(self, lane.clone());
         let mut errors = ClaimErrors::default();
         let name = lane.destination[0].as_str();
         let mut lingering_since = None;
         while !stop.is_cancelled() {
-            while publishes.try_join_next().is_some() {}
+            tasks.reap();
             let limits = match plan(&settings, lane.room()) {
                 Plan::Wait => {
                     lingering_since = None;
@@ -270,79 +266,20 @@ impl<P: Publisher> Relay<P> {
                 Plan::Claim(limits) => limits,
             };
             lingering_since = None;
-            // Only this loop takes places, so what `plan` saw free is still free.
-            let Ok(mut places) = lane.unsettled.clone().try_acquire_many_owned(limits.rows) else { continue };
-            let claimed = match claim::claim_within(&self.inner.db, &lane.destination, limits, settings.lease).await {
-                Ok(claimed) => {
+            match tasks.claim(limits).await {
+                // Full: more may be due at once. Otherwise wait for a reason to look again.
+                Ok(claimed) if claimed >= limits.rows as usize => errors.succeeded(name),
+                Ok(_) => {
                     errors.succeeded(name);
-                    claimed
+                    idle(&lane.wake, &stop, Instant::now() + poll).await;
                 }
                 Err(e) => {
                     errors.failed(name, &e);
-                    drop(places);
                     idle(&lane.wake, &stop, Instant::now() + poll).await;
-                    continue;
                 }
-            };
-            // Full: more may be due at once. Otherwise wait for a reason to look again.
-            let full = claimed.len() >= limits.rows as usize;
-            for row in claimed {
-                let Some(place) = places.split(1) else { break };
-                let wanted = u32::try_from(row.payload.len()).unwrap_or(u32::MAX);
-                let available = u32::try_from(lane.bytes.available_permits()).unwrap_or(u32::MAX);
-                // The claim kept within the free bytes (or took one row alone): this never waits.
-                let bytes = lane.bytes.clone().try_acquire_many_owned(wanted.min(available)).ok();
-                publishes.spawn(self.clone().deliver(lane.clone(), row, place, bytes, delivered.clone()));
-            }
-            drop(places);
-            if !full {
-                idle(&lane.wake, &stop, Instant::now() + poll).await;
             }
         }
-        while publishes.join_next().await.is_some() {}
-        drop(delivered);
-        let _ = recorder.await;
-    }
-
-    /// Publishes one claimed row (once a slot is free) and settles it, or
-    /// hands it to the recorder. `place` and `bytes` are its share of the lane.
-    async fn deliver(
-        self,
-        lane: Arc<Lane>,
-        row: Claimed,
-        place: OwnedSemaphorePermit,
-        bytes: Option<OwnedSemaphorePermit>,
-        delivered: mpsc::UnboundedSender<Published>,
-    ) {
-        let step = self.attempt(row, Some(&lane.slots)).await;
-        // The destination has answered (or the row is settled): its bytes are free.
-        drop(bytes);
-        match step {
-            Step::Published(mut row, lease) => {
-                row.payload = Payload::default();
-                row.headers = Vec::new();
-                // Fails only once the recorder is gone (the relay was dropped): the lease then expires.
-                let _ = delivered.send(Published { row, lease, unsettled: place });
-            }
-            Step::Settled(_) => {
-                drop(place);
-                lane.wake.notify_one();
-            }
-        }
-    }
-
-    /// Records a lane's deliveries, as many together as have finished, until its lane is done.
-    async fn record_deliveries(self, lane: Arc<Lane>, mut recorded: mpsc::UnboundedReceiver<Published>) {
-        let mut batch = Vec::new();
-        while recorded.recv_many(&mut batch, MAX_RECORDED_TOGETHER).await > 0 {
-            let leases: Vec<Lease> = batch.iter().map(|published| published.lease).collect();
-            let (rows, places): (Vec<Claimed>, Vec<OwnedSemaphorePermit>) =
-                batch.drain(..).map(|published| (published.row, published.unsettled)).unzip();
-            self.complete(&rows, leases).await;
-            // Only now are they settled: the rows left the outbox (or their claims were found lost).
-            drop(places);
-            lane.wake.notify_one();
-        }
+        tasks.finish().await;
     }
 }
 
