@@ -46,8 +46,10 @@ pub fn rewrite(
     match client_host {
         // An h2 client's :authority becomes the Host an HTTP/1.1 upstream needs.
         Some(host) if route.keep_host => headers.insert(header::HOST, host),
-        // The upstream client sets Host to its own authority.
-        _ => headers.remove(header::HOST),
+        // The upstream's authority, set here in the client's Host's place
+        // (one update of the map, where removing it and letting the
+        // upstream client add its own took two).
+        _ => headers.insert(header::HOST, route.upstream.host().clone()),
     };
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes) {
         Some(previous) => {

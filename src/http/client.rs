@@ -183,6 +183,11 @@ impl Upstream {
         Self { pool: Arc::new(pool) }
     }
 
+    /// The `Host` a request to this upstream gets unless it brings its own.
+    pub fn host(&self) -> &HeaderValue {
+        &self.pool.host
+    }
+
     /// Sends a request to this upstream and waits for the response head.
     /// `wait` bounds getting a connection (a free slot, then dialling);
     /// the wait for the response head is the caller's to bound, since only
@@ -250,8 +255,11 @@ impl Pool {
                     // malformed head, what follows on it is anyone's guess.
                     framing(&response).map_err(UpstreamError::Malformed)?;
                     let lease = Lease { pool: self, sender, slot };
-                    let (mut head, body) = response.into_parts();
-                    super::head::detach_headers(&mut head.headers);
+                    // The head's values still share the connection's read
+                    // buffer: a caller that holds the head (the guard, across
+                    // its store call) detaches them (`head::detach_headers`);
+                    // a passthrough hands it on to its client at once.
+                    let (head, body) = response.into_parts();
                     let body = if body.is_end_stream() {
                         lease.release();
                         UpstreamBody { inner: body, lease: None }

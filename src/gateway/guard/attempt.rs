@@ -23,6 +23,7 @@ use crate::gateway::{Disposition, Gateway, StoreOp};
 use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
+use crate::http::head::detach_headers;
 use crate::http::request_body::BufferedBody;
 use crate::http::sending::mark_settled;
 use crate::idempotency::{Completion, Fence, Fingerprint, ScopedKey, StoredResponse};
@@ -151,6 +152,9 @@ impl<S: Store> Attempt<S> {
             status = Some(head.status);
             self.head_status.store(head.status.as_u16(), Ordering::Relaxed);
             clean_response_head(&mut head);
+            // Held across the body read and the store call: its values must
+            // not keep the upstream connection's read buffer.
+            detach_headers(&mut head.headers);
             // Sized by the declared length: grown by doubling instead, a
             // 1 MiB body sat in a 2 MiB allocation for its key's TTL.
             let declared = http_body::Body::size_hint(&body).exact().unwrap_or(0);
