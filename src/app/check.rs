@@ -13,7 +13,6 @@ use crate::admin::AdminAccess;
 use crate::config::Config;
 use crate::gateway::routes::RouteTable;
 use crate::gateway::tenant::TenantSource;
-use crate::idempotency::StatusPolicy;
 use crate::store::AnyStore;
 use crate::store::sealing::Sealer;
 
@@ -25,8 +24,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
     AnyStore::check_url(config.store.expose())
         .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
     let g = &config.gateway;
-    RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)
-        .map_err(crate::gateway::BuildError::from)?;
+    RouteTable::try_from(config).map_err(crate::gateway::BuildError::from)?;
     TenantSource::from_config(&g.tenant).map_err(crate::gateway::BuildError::from)?;
     if config.routes.is_empty() && config.destinations.is_empty() {
         return Err(StartError::Missing(NOTHING_TO_RUN));
