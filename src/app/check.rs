@@ -33,10 +33,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
         crate::http::tls::acceptor(cert, key)?;
     }
     AdminAccess::from_config(&config.admin)?;
-    if config.store.store_kind() == Some(crate::config::StoreKind::Redis) {
-        let url = config.store.expose();
-        warnings.extend(crate::store::redis::durability_warnings(url, g.store_timeout.0, g.lease.0));
-    }
+    warnings.extend(AnyStore::warnings(config.store.expose(), g.store_timeout.0, g.lease.0));
     warnings.extend(crate::outbox::check::check(config)?);
     Ok(warnings)
 }
