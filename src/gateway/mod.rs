@@ -17,7 +17,11 @@
 //!
 //! [`server`] owns the listener and graceful shutdown; [`problem`] renders
 //! every error the gateway itself produces; [`tenant`] says whose key
-//! space a request's key lives in.
+//! space a request's key lives in. [`Policy`] (`policy.rs`) is `[gateway]`
+//! converted once, which every stage reads; each stage hands a `Reply`
+//! (`reply.rs`) back to the one above it. The guard makes every store call
+//! of the request path itself (`guard/store_calls.rs`), under the one
+//! store timeout.
 
 mod disposition;
 mod guard;
