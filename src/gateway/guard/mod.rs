@@ -124,32 +124,9 @@ pub(super) async fn run<S: Store>(
             return Reply::problem(Disposition::InvalidKey, Problem::InvalidKey(e)).into();
         }
     };
-    let fingerprint_of = |parts: &http::request::Parts| {
-        gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes)
-    };
-    let (scoped, fingerprint) = match &route.webhook {
-        Some(webhook) => {
-            let fingerprint = match webhook.id_is_signed {
-                true => Fingerprint::of_event(&key),
-                false => fingerprint_of(&parts),
-            };
-            (ScopedKey::for_route(&webhook.tenant, &route.name, &key), fingerprint)
-        }
-        None => {
-            let tenant = match gateway.tenant.tenant_of(&parts.headers) {
-                Ok(tenant) => tenant,
-                Err(TenantError::Unauthenticated { challenge, why }) => {
-                    let problem = Problem::Unauthenticated { challenge, why };
-                    return Reply::problem(Disposition::Unauthenticated, problem).into();
-                }
-                Err(e) => return Reply::problem(Disposition::AmbiguousTenant, Problem::AmbiguousTenant(e)).into(),
-            };
-            let scoped = match route.key.route_scoped() {
-                true => ScopedKey::for_route(&tenant, &route.name, &key),
-                false => ScopedKey::new(&tenant, &key),
-            };
-            (scoped, fingerprint_of(&parts))
-        }
+    let Scoped { key: scoped, fingerprint } = match scope(gateway, route, &parts, &key, &body.bytes) {
+        Ok(scoped) => scoped,
+        Err(reply) => return reply.into(),
     };
     let hashed = Some(scoped.log_id());
     let fence = Fence::random();
@@ -196,6 +173,47 @@ pub(super) async fn run<S: Store>(
     };
     count_verified(gateway, route, reply.disposition);
     Handled { reply, logged_key: hashed }
+}
+
+/// A guarded request's key in its key space, and what makes two requests
+/// with that key the same one.
+struct Scoped {
+    key: ScopedKey,
+    fingerprint: Fingerprint,
+}
+
+/// Scopes `key`: a webhook delivery's to its route (the fingerprint its
+/// event id where the signature covers it), any other's to its tenant.
+/// The refusal is the reply itself: it is returned at once, so a box would
+/// only allocate.
+#[allow(clippy::result_large_err)]
+fn scope<S>(
+    gateway: &Gateway<S>,
+    route: &Route,
+    parts: &http::request::Parts,
+    key: &IdempotencyKey,
+    body: &[u8],
+) -> Result<Scoped, Reply> {
+    let fingerprint_of = || gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, body);
+    if let Some(webhook) = &route.webhook {
+        let fingerprint = match webhook.id_is_signed {
+            true => Fingerprint::of_event(key),
+            false => fingerprint_of(),
+        };
+        return Ok(Scoped { key: ScopedKey::for_route(&webhook.tenant, &route.name, key), fingerprint });
+    }
+    let tenant = match gateway.tenant.tenant_of(&parts.headers) {
+        Ok(tenant) => tenant,
+        Err(TenantError::Unauthenticated { challenge, why }) => {
+            return Err(Reply::problem(Disposition::Unauthenticated, Problem::Unauthenticated { challenge, why }));
+        }
+        Err(e) => return Err(Reply::problem(Disposition::AmbiguousTenant, Problem::AmbiguousTenant(e))),
+    };
+    let key = match route.key.route_scoped() {
+        true => ScopedKey::for_route(&tenant, &route.name, key),
+        false => ScopedKey::new(&tenant, key),
+    };
+    Ok(Scoped { key, fingerprint: fingerprint_of() })
 }
 
 /// Counts a verified webhook delivery: replayed when the store answered it.
