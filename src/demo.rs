@@ -89,7 +89,7 @@ async fn answer(request: Request<Incoming>, counts: Arc<Counts>) -> Response<Res
     match (&parts.method, parts.uri.path()) {
         (&Method::POST, "/v1/charges") => match slow_ms(parts.uri.query()) {
             Ok(wait) => charge(&body, wait, charges).await,
-            Err(why) => json(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": why })),
+            Err(why) => json(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": why.to_string() })),
         },
         (&Method::GET, "/v1/charges/count") => {
             json(StatusCode::OK, &serde_json::json!({ "charges_performed": charges.load(Ordering::SeqCst) }))
@@ -119,14 +119,25 @@ async fn charge(body: &[u8], wait: Duration, charges: &AtomicU64) -> Response<Re
     )
 }
 
+/// Why a `?slow_ms=` query is refused (a `400`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum SlowMsError {
+    /// Given twice.
+    #[error("slow_ms is given more than once")]
+    Repeated,
+    /// Not a number, or above [`MAX_SLOW_MS`].
+    #[error("slow_ms must be a whole number of milliseconds from 0 to {MAX_SLOW_MS}, not {0:?}")]
+    Range(String),
+}
+
 /// The wait a `?slow_ms=N` query asks for: none without it, at most [`MAX_SLOW_MS`].
-fn slow_ms(query: Option<&str>) -> Result<Duration, String> {
+fn slow_ms(query: Option<&str>) -> Result<Duration, SlowMsError> {
     let mut asked = None;
     for pair in query.unwrap_or("").split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if name == "slow_ms" {
             if asked.is_some() {
-                return Err("slow_ms is given more than once".into());
+                return Err(SlowMsError::Repeated);
             }
             asked = Some(value);
         }
@@ -134,7 +145,7 @@ fn slow_ms(query: Option<&str>) -> Result<Duration, String> {
     let Some(value) = asked else { return Ok(Duration::ZERO) };
     match value.parse::<u64>() {
         Ok(ms) if ms <= MAX_SLOW_MS => Ok(Duration::from_millis(ms)),
-        _ => Err(format!("slow_ms must be a whole number of milliseconds from 0 to {MAX_SLOW_MS}, not {value:?}")),
+        _ => Err(SlowMsError::Range(value.to_owned())),
     }
 }
 

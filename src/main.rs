@@ -185,7 +185,8 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), String> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = idemgate::app::worker_threads(std::env::var_os(idemgate::app::WORKER_THREADS))? {
+    let threads = idemgate::app::worker_threads(std::env::var_os(idemgate::app::WORKER_THREADS));
+    if let Some(threads) = threads.map_err(|e| e.to_string())? {
         runtime.worker_threads(threads);
     }
     let runtime = runtime.enable_all().build().map_err(|e| e.to_string())?;

@@ -135,11 +135,11 @@ impl<S: Store> Admin<S> {
         };
         let tenant_value = match query::param(request.uri().query(), "tenant") {
             Ok(value) => value,
-            Err(why) => return Problem::BadAdminRequest(why).to_response(),
+            Err(why) => return Problem::BadAdminRequest(why.to_string()).to_response(),
         };
         let route_name = match query::param(request.uri().query(), "route") {
             Ok(value) => value,
-            Err(why) => return Problem::BadAdminRequest(why).to_response(),
+            Err(why) => return Problem::BadAdminRequest(why.to_string()).to_response(),
         };
         let tenant = || self.gateway.tenant_source().tenant_from_value(tenant_value.as_deref());
         let scoped = match route_name.map(|name| self.gateway.route_named(&name).ok_or(name)) {

@@ -49,7 +49,7 @@ fn limit(request: &Request<Incoming>) -> Result<i64, Problem> {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
             _ => Err(Problem::BadAdminRequest(format!("limit must be a number from 1 to {MAX_LIMIT}"))),
         },
-        Err(why) => Err(Problem::BadAdminRequest(why)),
+        Err(why) => Err(Problem::BadAdminRequest(why.to_string())),
     }
 }
 
@@ -57,14 +57,14 @@ fn limit(request: &Request<Incoming>) -> Result<i64, Problem> {
 fn dead_query(request: &Request<Incoming>) -> Result<DeadQuery, Problem> {
     let limit = limit(request)?;
     let query = request.uri().query();
-    let offset = match query::param(query, "offset").map_err(Problem::BadAdminRequest)? {
+    let offset = match query::param(query, "offset").map_err(|why| Problem::BadAdminRequest(why.to_string()))? {
         None => 0,
         Some(text) => match text.parse::<i64>() {
             Ok(n) if (0..=MAX_OFFSET).contains(&n) => n,
             _ => return Err(Problem::BadAdminRequest(format!("offset must be a number from 0 to {MAX_OFFSET}"))),
         },
     };
-    let destination = query::param(query, "destination").map_err(Problem::BadAdminRequest)?;
+    let destination = query::param(query, "destination").map_err(|why| Problem::BadAdminRequest(why.to_string()))?;
     if destination.as_ref().is_some_and(|d| d.is_empty() || d.chars().count() > 255) {
         return Err(Problem::BadAdminRequest("destination must be 1 to 255 characters; leave it out for all".into()));
     }

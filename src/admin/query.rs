@@ -37,19 +37,27 @@ fn decode(text: &str, plus_is_space: bool) -> Option<String> {
     percent_decode_str(&text).decode_utf8().ok().map(Cow::into_owned)
 }
 
+/// Why a query parameter cannot be read; a `400` to the operator.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum QueryError {
+    /// Given twice: which one was meant is not guessed.
+    #[error("the query parameter {0:?} appears more than once")]
+    Repeated(String),
+    /// A broken escape or invalid UTF-8.
+    #[error("the query parameter {0:?} is not valid percent-encoding")]
+    Encoding(String),
+}
+
 /// The decoded value of query parameter `name`, if present once.
-pub(super) fn param(query: Option<&str>, name: &str) -> Result<Option<String>, String> {
+pub(super) fn param(query: Option<&str>, name: &str) -> Result<Option<String>, QueryError> {
     let mut found = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if k == name {
             if found.is_some() {
-                return Err(format!("the query parameter {name:?} appears more than once"));
+                return Err(QueryError::Repeated(name.to_owned()));
             }
-            found = Some(
-                query_value_decode(v)
-                    .ok_or_else(|| format!("the query parameter {name:?} is not valid percent-encoding"))?,
-            );
+            found = Some(query_value_decode(v).ok_or_else(|| QueryError::Encoding(name.to_owned()))?);
         }
     }
     Ok(found)

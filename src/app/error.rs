@@ -13,6 +13,8 @@ use crate::postgres::PostgresError;
 use crate::store::StoreError;
 use crate::store::sealing::SealingError;
 
+use super::{MAX_WORKER_THREADS, WORKER_THREADS};
+
 /// Why `serve`, `relay` or `check-config` stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -65,6 +67,15 @@ pub enum StartError {
     #[error("the outbox relay stopped: {0}")]
     RelayStopped(String),
 }
+
+/// `TOKIO_WORKER_THREADS` holds what is not a number of threads from 1 to
+/// [`MAX_WORKER_THREADS`](super::MAX_WORKER_THREADS) (the value as set).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{WORKER_THREADS}={0:?} is not a number of worker threads: write a whole number from 1 to \
+     {MAX_WORKER_THREADS}, or unset it for one per CPU"
+)]
+pub struct WorkerThreadsError(pub std::ffi::OsString);
 
 impl From<BuildError> for StartError {
     fn from(e: BuildError) -> Self {

@@ -13,7 +13,7 @@ mod error;
 pub mod open_files;
 pub mod relay;
 
-pub use error::StartError;
+pub use error::{StartError, WorkerThreadsError};
 
 use std::sync::Arc;
 
@@ -133,14 +133,11 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 
 /// The number of worker threads `TOKIO_WORKER_THREADS` asks for, read
 /// here because Tokio would panic on a value that is not one.
-pub fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
+pub fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, WorkerThreadsError> {
     let Some(value) = value else { return Ok(None) };
     match value.to_str().map(|text| text.trim().parse::<usize>()) {
         Some(Ok(threads)) if (1..=MAX_WORKER_THREADS).contains(&threads) => Ok(Some(threads)),
-        _ => Err(format!(
-            "{WORKER_THREADS}={value:?} is not a number of worker threads: write a whole number from 1 to \
-             {MAX_WORKER_THREADS}, or unset it for one per CPU"
-        )),
+        _ => Err(WorkerThreadsError(value)),
     }
 }
 

@@ -40,15 +40,16 @@ pub use gateway::{
 };
 pub use http_names::{ConfigHeaderName, ConfigMethod, NotAHeaderName, NotAMethod};
 pub use load::Overrides;
-pub use quota::TenantQuota;
+pub use quota::{QuotaError, TenantQuota};
 pub use relay::{DestinationConfig, DestinationKind, RelayConfig, is_schema_name};
 pub use scrub::{MIN_SECRET, REDACTED, Scrubber};
 pub use secret::{STORE_SCHEMES, Secret, ServiceUrl, StoreKind};
-pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig};
-pub use units::{ByteSize, ConfigDuration};
-pub use validate::check_upstream_url;
+pub use tenant::{JwtClaimConfig, JwtKeys, TenantConfig, TenantConfigError};
+pub use units::{ByteSize, ConfigDuration, UnitError};
+pub use validate::{UpstreamUrlError, check_upstream_url};
 pub use webhook::{
-    DEFAULT_KEY_HEADER, DEFAULT_TOLERANCE, KeySource, MAX_SECRETS, Scheme, WebhookConfig, check_pointer,
+    DEFAULT_KEY_HEADER, DEFAULT_TOLERANCE, KeySource, KeySourceError, MAX_SECRETS, Scheme, WebhookConfig, WebhookError,
+    check_pointer,
 };
 
 /// Prefix of environment overrides: `IDEMGATE__GATEWAY__LEASE=10s`.
@@ -72,6 +73,24 @@ pub enum ConfigError {
     /// The values parse but do not make sense together.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// A route's upstream is not a URL the gateway can forward to.
+    #[error("invalid configuration: route {route:?}: {source}")]
+    Upstream {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: UpstreamUrlError,
+    },
+    /// A route's `webhook` table does not make sense.
+    #[error("invalid configuration: route {route:?}: {source}")]
+    Webhook {
+        /// The route.
+        route: String,
+        /// Why.
+        #[source]
+        source: WebhookError,
+    },
 }
 
 /// The whole configuration.

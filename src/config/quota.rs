@@ -46,25 +46,34 @@ struct QuotaFields {
     max_bytes: Option<ByteSize>,
 }
 
-impl TryFrom<QuotaFields> for TenantQuota {
-    type Error = String;
+/// Why a `tenant_quota` table is refused; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// Neither limit is set.
+    #[error("must set max_keys = <n>, max_bytes = \"<size>\" or both")]
+    NoLimit,
+    /// `max_keys` is zero or negative.
+    #[error("max_keys = {0}: must be at least 1 (leave it out for no limit on keys)")]
+    MaxKeys(i64),
+    /// `max_bytes` is zero.
+    #[error("max_bytes = \"0B\": must be at least 1B (leave it out for no limit on bytes)")]
+    MaxBytesZero,
+}
 
-    fn try_from(fields: QuotaFields) -> Result<Self, String> {
+impl TryFrom<QuotaFields> for TenantQuota {
+    type Error = QuotaError;
+
+    fn try_from(fields: QuotaFields) -> Result<Self, QuotaError> {
         if fields.max_keys.is_none() && fields.max_bytes.is_none() {
-            return Err("must set max_keys = <n>, max_bytes = \"<size>\" or both".into());
+            return Err(QuotaError::NoLimit);
         }
         let max_keys = match fields.max_keys {
             None => u64::MAX,
-            Some(n) => u64::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("max_keys = {n}: must be at least 1 (leave it out for no limit on keys)"))?,
+            Some(n) => u64::try_from(n).ok().filter(|n| *n > 0).ok_or(QuotaError::MaxKeys(n))?,
         };
         let max_bytes = match fields.max_bytes {
             None => u64::MAX,
-            Some(ByteSize(0)) => {
-                return Err("max_bytes = \"0B\": must be at least 1B (leave it out for no limit on bytes)".into());
-            }
+            Some(ByteSize(0)) => return Err(QuotaError::MaxBytesZero),
             Some(ByteSize(n)) => n,
         };
         Ok(Self { max_keys, max_bytes })

@@ -97,10 +97,46 @@ struct TenantFields {
 const KINDS: &str =
     "from = \"authorization\", header = \"<name>\", fixed = \"<tenant>\", basic_user = true or jwt_claim = \"<claim>\"";
 
-impl TryFrom<TenantFields> for TenantConfig {
-    type Error = String;
+/// Why a `gateway.tenant` table is refused; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantConfigError {
+    /// No kind is named, or more than one.
+    #[error("gateway.tenant must set exactly one of {KINDS}")]
+    Kinds,
+    /// `from` names another source than `"authorization"`.
+    #[error("gateway.tenant.from = {0:?}: the only source is \"authorization\"")]
+    From(String),
+    /// `header` is not a header name.
+    #[error("gateway.tenant.header = {0:?} is not a valid header name")]
+    Header(String),
+    /// `basic_user = false`.
+    #[error("gateway.tenant.basic_user = false names no source: set one of {KINDS}")]
+    BasicUserFalse,
+    /// A field of `jwt_claim` on another kind.
+    #[error("gateway.tenant.{0} belongs to jwt_claim, not to this tenant source")]
+    Foreign(&'static str),
+    /// `jwt_claim = ""`.
+    #[error("gateway.tenant.jwt_claim must name a claim, such as \"sub\"")]
+    NoClaim,
+    /// `jwt_claim` with no key source, or two.
+    #[error(
+        "gateway.tenant with jwt_claim needs exactly one of jwks_file = \"<path>\" or hs256_secret_file = \"<path>\""
+    )]
+    JwtKeys,
+    /// `jwt_claim` without `issuer` or `audience`.
+    #[error("gateway.tenant with jwt_claim needs {field} = \"…\": the value a token's {claim} claim must carry")]
+    JwtRequired {
+        /// `issuer` or `audience`.
+        field: &'static str,
+        /// `iss` or `aud`.
+        claim: &'static str,
+    },
+}
 
-    fn try_from(mut fields: TenantFields) -> Result<Self, String> {
+impl TryFrom<TenantFields> for TenantConfig {
+    type Error = TenantConfigError;
+
+    fn try_from(mut fields: TenantFields) -> Result<Self, TenantConfigError> {
         let named = [
             fields.from.is_some(),
             fields.header.is_some(),
@@ -109,23 +145,23 @@ impl TryFrom<TenantFields> for TenantConfig {
             fields.jwt_claim.is_some(),
         ];
         if named.iter().filter(|named| **named).count() != 1 {
-            return Err(format!("gateway.tenant must set exactly one of {KINDS}"));
+            return Err(TenantConfigError::Kinds);
         }
         let config = if let Some(from) = fields.from.take() {
             if from != "authorization" {
-                return Err(format!("gateway.tenant.from = {from:?}: the only source is \"authorization\""));
+                return Err(TenantConfigError::From(from));
             }
             Self::Authorization
         } else if let Some(header) = fields.header.take() {
             if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                return Err(format!("gateway.tenant.header = {header:?} is not a valid header name"));
+                return Err(TenantConfigError::Header(header));
             }
             Self::Header(header)
         } else if let Some(fixed) = fields.fixed.take() {
             Self::Fixed(fixed)
         } else if let Some(basic_user) = fields.basic_user.take() {
             if !basic_user {
-                return Err(format!("gateway.tenant.basic_user = false names no source: set one of {KINDS}"));
+                return Err(TenantConfigError::BasicUserFalse);
             }
             Self::BasicUser
         } else if let Some(claim) = fields.jwt_claim.take() {
@@ -141,33 +177,26 @@ impl TryFrom<TenantFields> for TenantConfig {
             ("audience", fields.audience.is_some()),
         ];
         if let Some((name, _)) = foreign.iter().find(|(_, set)| *set) {
-            return Err(format!("gateway.tenant.{name} belongs to jwt_claim, not to this tenant source"));
+            return Err(TenantConfigError::Foreign(name));
         }
         Ok(config)
     }
 }
 
 /// The `jwt_claim` kind: exactly one key source, an issuer and an audience.
-fn jwt_claim(claim: String, fields: &mut TenantFields) -> Result<JwtClaimConfig, String> {
+fn jwt_claim(claim: String, fields: &mut TenantFields) -> Result<JwtClaimConfig, TenantConfigError> {
     if claim.is_empty() {
-        return Err("gateway.tenant.jwt_claim must name a claim, such as \"sub\"".into());
+        return Err(TenantConfigError::NoClaim);
     }
     let keys = match (fields.jwks_file.take(), fields.hs256_secret_file.take()) {
         (Some(path), None) => JwtKeys::JwksFile(path),
         (None, Some(path)) => JwtKeys::Hs256SecretFile(path),
-        _ => {
-            return Err(
-                "gateway.tenant with jwt_claim needs exactly one of jwks_file = \"<path>\" or hs256_secret_file = \"<path>\""
-                    .into(),
-            );
-        }
+        _ => return Err(TenantConfigError::JwtKeys),
     };
     // A key set often signs tokens for more than one service: without both
     // checks, a token made for another service would name a tenant here.
-    let required = |value: Option<String>, name: &str, claim: &str| {
-        value.filter(|v| !v.is_empty()).ok_or_else(|| {
-            format!("gateway.tenant with jwt_claim needs {name} = \"…\": the value a token's {claim} claim must carry")
-        })
+    let required = |value: Option<String>, field: &'static str, claim: &'static str| {
+        value.filter(|v| !v.is_empty()).ok_or(TenantConfigError::JwtRequired { field, claim })
     };
     let issuer = required(fields.issuer.take(), "issuer", "iss")?;
     let audience = required(fields.audience.take(), "audience", "aud")?;

@@ -19,21 +19,49 @@ const SIZE_UNITS: &[(&str, u64)] = &[
     ("GB", 1_000_000_000),
 ];
 
-fn parse_with_units(text: &str, units: &[(&str, u64)], what: &str) -> Result<u64, String> {
+/// Why a duration or a size does not parse; `what` is `"duration"` or
+/// `"size"`, `text` the value as written (trimmed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    /// No unit, or one not in the table.
+    #[error("invalid {what} {text:?}: expected a whole number followed by one of {units}")]
+    Unit {
+        /// `"duration"` or `"size"`.
+        what: &'static str,
+        /// As written.
+        text: String,
+        /// The units allowed, `, `-joined.
+        units: String,
+    },
+    /// A unit, but no whole number before it (`1.5s`, `s`).
+    #[error("invalid {what} {text:?}: expected a whole number before the unit")]
+    Number {
+        /// `"duration"` or `"size"`.
+        what: &'static str,
+        /// As written.
+        text: String,
+    },
+    /// More than a `u64` of the base unit holds.
+    #[error("invalid {what} {text:?}: too large")]
+    TooLarge {
+        /// `"duration"` or `"size"`.
+        what: &'static str,
+        /// As written.
+        text: String,
+    },
+}
+
+fn parse_with_units(text: &str, units: &[(&str, u64)], what: &'static str) -> Result<u64, UnitError> {
     let text = text.trim();
     let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(digits_end);
     let unit = unit.trim();
     let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
     let Some((_, scale)) = units.iter().find(|(name, _)| *name == unit) else {
-        return Err(format!(
-            "invalid {what} {text:?}: expected a whole number followed by one of {}",
-            names.join(", ")
-        ));
+        return Err(UnitError::Unit { what, text: text.to_owned(), units: names.join(", ") });
     };
-    let number: u64 =
-        number.parse().map_err(|_| format!("invalid {what} {text:?}: expected a whole number before the unit"))?;
-    number.checked_mul(*scale).ok_or_else(|| format!("invalid {what} {text:?}: too large"))
+    let number: u64 = number.parse().map_err(|_| UnitError::Number { what, text: text.to_owned() })?;
+    number.checked_mul(*scale).ok_or_else(|| UnitError::TooLarge { what, text: text.to_owned() })
 }
 
 /// A duration written as `"<n><unit>"`, unit one of `ms s m h d`.
@@ -41,8 +69,8 @@ fn parse_with_units(text: &str, units: &[(&str, u64)], what: &str) -> Result<u64
 pub struct ConfigDuration(pub Duration);
 
 impl std::str::FromStr for ConfigDuration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnitError;
+    fn from_str(s: &str) -> Result<Self, UnitError> {
         parse_with_units(s, DURATION_UNITS, "duration").map(|ms| Self(Duration::from_millis(ms)))
     }
 }
@@ -73,8 +101,8 @@ fn write_largest_unit(
 pub struct ByteSize(pub u64);
 
 impl std::str::FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnitError;
+    fn from_str(s: &str) -> Result<Self, UnitError> {
         parse_with_units(s, SIZE_UNITS, "size").map(Self)
     }
 }
@@ -136,11 +164,11 @@ mod tests {
     #[test]
     fn bad_values_say_what_was_expected() {
         let err = "1.5s".parse::<ConfigDuration>().unwrap_err();
-        assert!(err.contains("whole number"), "{err}");
-        assert!("30".parse::<ConfigDuration>().unwrap_err().contains("ms, s, m, h, d"));
+        assert!(err.to_string().contains("whole number"), "{err}");
+        assert!("30".parse::<ConfigDuration>().unwrap_err().to_string().contains("ms, s, m, h, d"));
         assert!("1mib".parse::<ByteSize>().is_err());
         assert!("s".parse::<ConfigDuration>().is_err());
         assert!("99999999999999999999d".parse::<ConfigDuration>().is_err());
-        assert!("18446744073709551615GiB".parse::<ByteSize>().unwrap_err().contains("too large"));
+        assert!("18446744073709551615GiB".parse::<ByteSize>().unwrap_err().to_string().contains("too large"));
     }
 }

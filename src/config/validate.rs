@@ -96,7 +96,7 @@ impl Config {
                 return invalid(format!("route {:?}: prefix {:?} must start with '/'", route.name, route.prefix));
             }
             check_upstream_url(&route.upstream)
-                .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", route.name)))?;
+                .map_err(|source| ConfigError::Upstream { route: route.name.clone(), source })?;
             if !(1..=65_536).contains(&route.max_connections) {
                 return invalid(format!("route {:?}: max_connections must be between 1 and 65536", route.name));
             }
@@ -128,7 +128,7 @@ fn check_route_keys(
         return invalid(format!("key_ttl = {key_ttl} must not be shorter than gateway.lease = {}", g.lease));
     }
     let Some(webhook) = &route.webhook else { return Ok(()) };
-    webhook.check().map_err(|m| ConfigError::Invalid(format!("route {:?}: {m}", route.name)))?;
+    webhook.check().map_err(|source| ConfigError::Webhook { route: route.name.clone(), source })?;
     // Providers deliver with POST; a webhook route that did not guard it
     // would pass every delivery through unverified.
     if !route.methods.iter().any(|m| m.0 == http::Method::POST) {
@@ -156,23 +156,53 @@ const BASIC_USER_TRUSTS_THE_NAME: &str = "gateway.tenant = { basic_user = true }
 /// gateway forwards each client's own `Authorization`, and the userinfo
 /// would otherwise become the `Host` it sends. Errors print the URL with
 /// its password redacted.
-pub fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
+pub fn check_upstream_url(url: &str) -> Result<http::Uri, UpstreamUrlError> {
     let shown = super::ServiceUrl::new(url).redacted();
-    let uri: http::Uri = url.parse().map_err(|e| format!("upstream {shown:?} is not a URL: {e}"))?;
+    let uri: http::Uri = match url.parse() {
+        Ok(uri) => uri,
+        Err(source) => return Err(UpstreamUrlError::NotAUrl { shown, source }),
+    };
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => return Err(format!("upstream {shown:?} must start with http:// or https://")),
+        _ => return Err(UpstreamUrlError::Scheme(shown)),
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("upstream {shown:?} has no host"));
+        return Err(UpstreamUrlError::NoHost(shown));
     }
     if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
-        return Err(format!(
-            "upstream {shown:?} carries credentials: the gateway forwards each client's own Authorization; remove user:password@"
-        ));
+        return Err(UpstreamUrlError::Credentials(shown));
     }
     if uri.query().is_some() {
-        return Err(format!("upstream {shown:?} must not have a query"));
+        return Err(UpstreamUrlError::Query(shown));
     }
     Ok(uri)
+}
+
+/// Why an upstream URL is refused. Each variant holds the URL with its
+/// password redacted, as printed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    /// Not a URI at all.
+    #[error("upstream {shown:?} is not a URL: {source}")]
+    NotAUrl {
+        /// The URL, redacted.
+        shown: String,
+        /// The parser's reason.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Not `http://` or `https://`.
+    #[error("upstream {0:?} must start with http:// or https://")]
+    Scheme(String),
+    /// No host.
+    #[error("upstream {0:?} has no host")]
+    NoHost(String),
+    /// `user:password@` in the authority.
+    #[error(
+        "upstream {0:?} carries credentials: the gateway forwards each client's own Authorization; remove user:password@"
+    )]
+    Credentials(String),
+    /// A query string.
+    #[error("upstream {0:?} must not have a query")]
+    Query(String),
 }

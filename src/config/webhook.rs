@@ -62,22 +62,41 @@ struct KeySourceFields {
     json: Option<String>,
 }
 
-impl TryFrom<KeySourceFields> for KeySource {
-    type Error = String;
+/// Why a route's `key` table is refused; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeySourceError {
+    /// `header` is not a header name.
+    #[error("key.header = {0:?} is not a valid header name")]
+    Header(String),
+    /// `json` is not an RFC 6901 pointer (see [`check_pointer`]).
+    #[error("key.json = {pointer:?}: {why}")]
+    Pointer {
+        /// As configured.
+        pointer: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// Neither `header` nor `json`, or both.
+    #[error("key must set exactly one of header = \"<name>\" or json = \"/pointer\"")]
+    Kinds,
+}
 
-    fn try_from(fields: KeySourceFields) -> Result<Self, String> {
+impl TryFrom<KeySourceFields> for KeySource {
+    type Error = KeySourceError;
+
+    fn try_from(fields: KeySourceFields) -> Result<Self, KeySourceError> {
         match (fields.header, fields.json) {
             (Some(header), None) => {
                 if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                    return Err(format!("key.header = {header:?} is not a valid header name"));
+                    return Err(KeySourceError::Header(header));
                 }
                 Ok(Self::Header(header.to_ascii_lowercase()))
             }
-            (None, Some(pointer)) => {
-                check_pointer(&pointer).map_err(|why| format!("key.json = {pointer:?}: {why}"))?;
-                Ok(Self::Json(pointer))
-            }
-            _ => Err("key must set exactly one of header = \"<name>\" or json = \"/pointer\"".into()),
+            (None, Some(pointer)) => match check_pointer(&pointer) {
+                Ok(()) => Ok(Self::Json(pointer)),
+                Err(why) => Err(KeySourceError::Pointer { pointer, why }),
+            },
+            _ => Err(KeySourceError::Kinds),
         }
     }
 }
@@ -219,22 +238,42 @@ fn default_tolerance() -> ConfigDuration {
     ConfigDuration(DEFAULT_TOLERANCE)
 }
 
+/// Why a route's `webhook` table is refused; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookError {
+    /// Neither `secrets` nor `secrets_file`.
+    #[error("webhook needs secrets = [\"…\"] or secrets_file = \"…\"")]
+    NoSecrets,
+    /// Both `secrets` and `secrets_file`.
+    #[error("webhook takes secrets or secrets_file, not both")]
+    TwoSources,
+    /// More than [`MAX_SECRETS`].
+    #[error("webhook.secrets: at most {MAX_SECRETS}")]
+    TooManySecrets,
+    /// A secret is blank.
+    #[error("webhook.secrets: a secret is empty")]
+    EmptySecret,
+    /// `tolerance` under a second.
+    #[error("webhook.tolerance = {0}: must be at least 1s")]
+    Tolerance(ConfigDuration),
+}
+
 impl WebhookConfig {
     /// Checks what parsing cannot: one source of secrets, a usable tolerance.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), WebhookError> {
         match (self.secrets.is_empty(), &self.secrets_file) {
-            (true, None) => return Err("webhook needs secrets = [\"…\"] or secrets_file = \"…\"".into()),
-            (false, Some(_)) => return Err("webhook takes secrets or secrets_file, not both".into()),
+            (true, None) => return Err(WebhookError::NoSecrets),
+            (false, Some(_)) => return Err(WebhookError::TwoSources),
             _ => {}
         }
         if self.secrets.len() > MAX_SECRETS {
-            return Err(format!("webhook.secrets: at most {MAX_SECRETS}"));
+            return Err(WebhookError::TooManySecrets);
         }
         if self.secrets.iter().any(|s| s.expose().trim().is_empty()) {
-            return Err("webhook.secrets: a secret is empty".into());
+            return Err(WebhookError::EmptySecret);
         }
         if self.tolerance.0 < Duration::from_secs(1) {
-            return Err(format!("webhook.tolerance = {}: must be at least 1s", self.tolerance));
+            return Err(WebhookError::Tolerance(self.tolerance));
         }
         Ok(())
     }

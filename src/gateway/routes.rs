@@ -168,7 +168,7 @@ impl Clone for LatencyEstimate {
 pub enum RouteError {
     /// The upstream URL is not an absolute `http`/`https` URL with a host.
     #[error("{0}")]
-    Upstream(String),
+    Upstream(#[source] crate::config::UpstreamUrlError),
     /// The upstream's client cannot be made (its CA file, its origin).
     #[error("route {route:?}: {source}")]
     Client {

@@ -42,6 +42,7 @@ use super::retry::Class;
 use crate::config::{DestinationConfig, DestinationKind, Scrubber};
 use crate::escape::printable;
 pub use target::Target;
+pub use template::{RenderError, TemplateError};
 
 /// Bytes of a failed response's body kept for `last_error`.
 pub const MAX_ERROR_BODY: usize = 512;
@@ -81,9 +82,27 @@ pub enum PublisherError {
     Invalid {
         /// The destination.
         name: String,
-        /// What is wrong, naming the field.
-        reason: String,
+        /// What is wrong, naming the field (boxed: it is large, and rare).
+        #[source]
+        reason: Box<DestinationError>,
     },
+}
+
+/// What is wrong with one destination's fields, by its kind.
+#[derive(Debug, thiserror::Error)]
+pub enum DestinationError {
+    /// A field of another kind.
+    #[error(transparent)]
+    Foreign(#[from] ForeignField),
+    /// `kind = "http"`.
+    #[error(transparent)]
+    Http(#[from] http::HttpError),
+    /// `kind = "nats"`.
+    #[error(transparent)]
+    Nats(#[from] nats::NatsError),
+    /// `kind = "amqp"`.
+    #[error(transparent)]
+    Amqp(#[from] amqp::AmqpError),
 }
 
 /// One configured destination, of some kind.
@@ -111,12 +130,13 @@ impl Destinations {
     pub fn new(configs: &BTreeMap<String, DestinationConfig>) -> Result<Self, PublisherError> {
         let mut destinations = HashMap::new();
         for (name, config) in configs {
-            let invalid = |reason: String| PublisherError::Invalid { name: name.clone(), reason };
-            refuse_other_kinds_fields(config).map_err(invalid)?;
+            let invalid =
+                |reason: DestinationError| PublisherError::Invalid { name: name.clone(), reason: Box::new(reason) };
+            refuse_other_kinds_fields(config).map_err(|e| invalid(e.into()))?;
             let destination: Box<dyn Destination> = match config.kind {
-                DestinationKind::Http => Box::new(http::HttpDestination::new(config).map_err(invalid)?),
-                DestinationKind::Nats => Box::new(nats::NatsDestination::new(config).map_err(invalid)?),
-                DestinationKind::Amqp => Box::new(amqp::AmqpDestination::new(config).map_err(invalid)?),
+                DestinationKind::Http => Box::new(http::HttpDestination::new(config).map_err(|e| invalid(e.into()))?),
+                DestinationKind::Nats => Box::new(nats::NatsDestination::new(config).map_err(|e| invalid(e.into()))?),
+                DestinationKind::Amqp => Box::new(amqp::AmqpDestination::new(config).map_err(|e| invalid(e.into()))?),
             };
             destinations.insert(name.clone(), destination);
         }
@@ -157,11 +177,11 @@ impl Publisher for Destinations {
 /// both, in any case, is the message's), and the row's trace context as a
 /// new span (`traceparent`, and `tracestate` when it has one), replacing
 /// any trace headers of the message. The kind adds its own key header last.
-fn message_headers(
+fn message_headers<E>(
     configured: &[(String, String)],
     message: &Claimed,
-    allowed: impl Fn(&str, &str) -> Result<(), String>,
-) -> Result<Vec<(String, String)>, String> {
+    allowed: impl Fn(&str, &str) -> Result<(), E>,
+) -> Result<Vec<(String, String)>, MessageHeaderError<E>> {
     let mut headers: Vec<(String, String)> = Vec::new();
     let mut set = |name: &str, value: &str| {
         headers.retain(|(other, _)| !other.eq_ignore_ascii_case(name));
@@ -171,7 +191,7 @@ fn message_headers(
         set(name, value);
     }
     for (name, value) in &message.headers {
-        allowed(name, value).map_err(|e| format!("message {e}"))?;
+        allowed(name, value).map_err(MessageHeaderError)?;
         set(name, value);
     }
     if let Some(trace) = &message.trace {
@@ -182,20 +202,33 @@ fn message_headers(
     Ok(headers)
 }
 
+/// A message header the destination's rule `E` refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("message {0}")]
+pub struct MessageHeaderError<E>(#[source] pub E);
+
+/// A field set that belongs to another kind of destination.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} is a field of kind = \"{}\" destinations, and this one is kind = \"{}\"", owner.as_str(), this.as_str())]
+pub struct ForeignField {
+    /// The field.
+    pub field: &'static str,
+    /// The kind it belongs to.
+    pub owner: DestinationKind,
+    /// The destination's kind.
+    pub this: DestinationKind,
+}
+
 /// Refuses a field that belongs to another kind of destination: set by
 /// mistake, it would otherwise be ignored without a word.
-fn refuse_other_kinds_fields(config: &DestinationConfig) -> Result<(), String> {
+fn refuse_other_kinds_fields(config: &DestinationConfig) -> Result<(), ForeignField> {
     let fields = [
         ("method", config.method.is_some(), DestinationKind::Http),
         ("subject", config.subject.is_some(), DestinationKind::Nats),
     ];
-    for (field, set, kind) in fields {
-        if set && config.kind != kind {
-            return Err(format!(
-                "{field} is a field of kind = \"{}\" destinations, and this one is kind = \"{}\"",
-                kind.as_str(),
-                config.kind.as_str()
-            ));
+    for (field, set, owner) in fields {
+        if set && config.kind != owner {
+            return Err(ForeignField { field, owner, this: config.kind });
         }
     }
     Ok(())

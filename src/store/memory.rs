@@ -136,7 +136,9 @@ impl MemoryStore {
                         .parse()
                         .map_err(|_| StoreError::InvalidUrl(format!("max_entries={value:?} is not a number")))?
                 }
-                "max_bytes" => bytes = value.parse::<ByteSize>().map_err(StoreError::InvalidUrl)?.bytes(),
+                "max_bytes" => {
+                    bytes = value.parse::<ByteSize>().map_err(|e| StoreError::InvalidUrl(e.to_string()))?.bytes()
+                }
                 other => {
                     return Err(StoreError::InvalidUrl(format!(
                         "memory:// has no option {other:?} (known: max_entries, max_bytes)"

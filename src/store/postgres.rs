@@ -210,7 +210,10 @@ impl Settings {
                 }
                 // Before gateway.store_timeout bounded each operation, this
                 // did; it now bounds connecting, where no caller waits.
-                "timeout" => connect_timeout = Some(value.parse::<ConfigDuration>().map_err(StoreError::InvalidUrl)?.0),
+                "timeout" => {
+                    let timeout = value.parse::<ConfigDuration>().map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+                    connect_timeout = Some(timeout.0)
+                }
                 "schema" => schema = Schema::new(value).map_err(from_outbox)?,
                 _ => passthrough.push(format!("{name}={value}")),
             }

@@ -48,9 +48,32 @@ pub enum SealingError {
         #[source]
         source: std::io::Error,
     },
-    /// The key list is malformed; the text says which key and how.
+    /// The key list is malformed; says which key and how.
     #[error("store_encryption: {0}")]
-    Keys(String),
+    Keys(#[source] KeySpecError),
+}
+
+/// What is wrong with a key list `id:hex,id:hex,…`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeySpecError {
+    /// An entry without `:`.
+    #[error("each encryption key is written id:hex")]
+    Entry,
+    /// An id too long, empty or with other characters.
+    #[error("encryption key id {0:?}: 1 to 32 characters of [A-Za-z0-9_-]")]
+    Id(String),
+    /// The key is not 32 bytes in hex.
+    #[error("encryption key {0:?}: expected 64 hex characters")]
+    Hex(String),
+    /// The key is refused by the cipher.
+    #[error("encryption key {0:?}: unusable")]
+    Unusable(String),
+    /// Two keys share an id.
+    #[error("encryption key id {0:?} is listed twice")]
+    Twice(String),
+    /// The list is empty.
+    #[error("no encryption key given")]
+    Empty,
 }
 
 impl Sealer {
@@ -68,25 +91,25 @@ impl Sealer {
     }
 
     /// Parses `id:hex,id:hex,…`.
-    pub fn from_spec(spec: &str) -> Result<Self, String> {
+    pub fn from_spec(spec: &str) -> Result<Self, KeySpecError> {
         let mut keys = Vec::new();
         for entry in spec.split([',', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
-            let (id, hex) = entry.split_once(':').ok_or("each encryption key is written id:hex")?;
+            let (id, hex) = entry.split_once(':').ok_or(KeySpecError::Entry)?;
             if id.is_empty()
                 || id.len() > 32
                 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             {
-                return Err(format!("encryption key id {id:?}: 1 to 32 characters of [A-Za-z0-9_-]"));
+                return Err(KeySpecError::Id(id.to_owned()));
             }
-            let bytes = decode_hex(hex).ok_or_else(|| format!("encryption key {id:?}: expected 64 hex characters"))?;
-            let key = UnboundKey::new(&AES_256_GCM, &bytes).map_err(|_| format!("encryption key {id:?}: unusable"))?;
+            let bytes = decode_hex(hex).ok_or_else(|| KeySpecError::Hex(id.to_owned()))?;
+            let key = UnboundKey::new(&AES_256_GCM, &bytes).map_err(|_| KeySpecError::Unusable(id.to_owned()))?;
             if keys.iter().any(|(existing, _)| existing == id) {
-                return Err(format!("encryption key id {id:?} is listed twice"));
+                return Err(KeySpecError::Twice(id.to_owned()));
             }
             keys.push((id.to_owned(), LessSafeKey::new(key)));
         }
         if keys.is_empty() {
-            return Err("no encryption key given".into());
+            return Err(KeySpecError::Empty);
         }
         Ok(Self { keys })
     }
@@ -204,9 +227,9 @@ mod tests {
     #[test]
     fn bad_key_specs_say_what_is_wrong() {
         assert!(Sealer::from_spec("").is_err());
-        assert!(Sealer::from_spec("nokey").unwrap_err().contains("id:hex"));
-        assert!(Sealer::from_spec("k:abcd").unwrap_err().contains("64 hex"));
-        assert!(Sealer::from_spec(&format!("{K1},{K1}")).unwrap_err().contains("twice"));
+        assert!(Sealer::from_spec("nokey").unwrap_err().to_string().contains("id:hex"));
+        assert!(Sealer::from_spec("k:abcd").unwrap_err().to_string().contains("64 hex"));
+        assert!(Sealer::from_spec(&format!("{K1},{K1}")).unwrap_err().to_string().contains("twice"));
         assert!(!format!("{:?}", Sealer::from_spec(K1).unwrap()).contains("0001"), "Debug shows ids only");
     }
 }

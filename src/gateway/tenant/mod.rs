@@ -30,6 +30,8 @@ mod fixed;
 mod header;
 mod jwt_claim;
 
+pub use jwt_claim::{KeySetError, KeysError};
+
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 
@@ -70,7 +72,7 @@ pub enum TenantSourceError {
     },
     /// A key file of `jwt_claim` cannot be read or holds no usable key.
     #[error("gateway.tenant: {0}")]
-    Keys(String),
+    Keys(#[source] KeysError),
 }
 
 impl TenantSource {

@@ -41,8 +41,8 @@ use tokio::sync::Mutex;
 
 use super::super::claim::Claimed;
 use super::super::retry::Class;
-use super::template::Template;
-use super::{Delivery, Destination, message_headers};
+use super::template::{Template, TemplateError};
+use super::{Delivery, Destination, MessageHeaderError, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
 
 /// AMQP's limit on a short string: a routing key, an exchange, a header name.
@@ -70,15 +70,86 @@ struct Open {
     channel: Channel,
 }
 
+/// Why an AMQP destination cannot be built (naming the field) or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    /// Not `amqp://` or `amqps://`.
+    #[error("url {0:?} must be an amqp:// or amqps:// URL")]
+    Scheme(String),
+    /// The client does not take the URL.
+    #[error("url {shown:?}: {}", printable_error(.reason))]
+    Url {
+        /// The URL, redacted.
+        shown: String,
+        /// The client's reason (it gives text only).
+        reason: String,
+    },
+    /// `ca_file`, not supported yet.
+    #[error("ca_file is not supported for kind = \"amqp\" yet: amqps:// is verified against the public roots")]
+    CaFile,
+    /// No `exchange`.
+    #[error("kind = \"amqp\" needs an exchange (\"\" is the default exchange)")]
+    NoExchange,
+    /// An exchange name longer than a short string.
+    #[error("exchange is longer than {MAX_SHORT} bytes")]
+    LongExchange,
+    /// No `routing_key`.
+    #[error("kind = \"amqp\" needs a routing_key")]
+    NoRoutingKey,
+    /// The routing key does not parse as a template.
+    #[error("routing_key: {0}")]
+    RoutingKey(#[source] TemplateError),
+    /// A configured header.
+    #[error("headers: {0}")]
+    Header(#[source] HeaderNameError),
+    /// No connection (at a publish).
+    #[error("cannot connect to {shown}: {}", printable_error(.source))]
+    Connect {
+        /// The URL, redacted.
+        shown: String,
+        /// Why.
+        #[source]
+        source: lapin::Error,
+    },
+    /// No channel on the connection.
+    #[error("cannot open a channel: {0}")]
+    Channel(#[source] lapin::Error),
+    /// The channel refused confirm mode.
+    #[error("cannot turn publisher confirms on: {0}")]
+    Confirms(#[source] lapin::Error),
+}
+
+/// A header name longer than an AMQP short string, or empty (cut to 64 characters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header {0:?} must be 1 to {MAX_SHORT} bytes")]
+pub struct HeaderNameError(pub String);
+
+/// Why one message cannot be published (refused, not retried).
+#[derive(Debug, thiserror::Error)]
+enum MessageError {
+    /// A header of the message's.
+    #[error(transparent)]
+    Headers(#[from] MessageHeaderError<HeaderNameError>),
+    /// A header name, once checked, still too long.
+    #[error("a header name is too long")]
+    LongHeader,
+    /// The derived key.
+    #[error("the derived key is too long")]
+    DerivedKey,
+}
+
 impl AmqpDestination {
     /// Checks the destination's URL, exchange, routing key and headers;
     /// the error names the field. Connects to nothing.
-    pub fn new(config: &DestinationConfig) -> Result<Self, String> {
+    pub fn new(config: &DestinationConfig) -> Result<Self, AmqpError> {
         let shown = ServiceUrl::new(config.url.as_str()).redacted();
         if !(config.url.starts_with("amqp://") || config.url.starts_with("amqps://")) {
-            return Err(format!("url {shown:?} must be an amqp:// or amqps:// URL"));
+            return Err(AmqpError::Scheme(shown));
         }
-        let mut uri: AMQPUri = config.url.parse().map_err(|e| format!("url {shown:?}: {}", printable_error(&e)))?;
+        let mut uri: AMQPUri = match config.url.parse() {
+            Ok(uri) => uri,
+            Err(reason) => return Err(AmqpError::Url { shown, reason }),
+        };
         // lapin connects on a thread of its own with a blocking connect: to
         // a host that drops packets that would outlive the attempt by
         // minutes, one thread per attempt, unless the URI bounds it.
@@ -86,20 +157,15 @@ impl AmqpDestination {
             uri.query.connection_timeout = Some(u64::try_from(config.timeout.0.as_millis()).unwrap_or(u64::MAX));
         }
         if config.ca_file.is_some() {
-            return Err(
-                "ca_file is not supported for kind = \"amqp\" yet: amqps:// is verified against the public roots"
-                    .into(),
-            );
+            return Err(AmqpError::CaFile);
         }
-        let exchange =
-            config.exchange.as_deref().ok_or("kind = \"amqp\" needs an exchange (\"\" is the default exchange)")?;
-        let exchange =
-            ShortString::try_new(exchange).map_err(|_| format!("exchange is longer than {MAX_SHORT} bytes"))?;
-        let routing_key = config.routing_key.as_deref().ok_or("kind = \"amqp\" needs a routing_key")?;
-        let routing_key = Template::parse(routing_key).map_err(|e| format!("routing_key: {e}"))?;
+        let exchange = config.exchange.as_deref().ok_or(AmqpError::NoExchange)?;
+        let exchange = ShortString::try_new(exchange).map_err(|_| AmqpError::LongExchange)?;
+        let routing_key = config.routing_key.as_deref().ok_or(AmqpError::NoRoutingKey)?;
+        let routing_key = Template::parse(routing_key).map_err(AmqpError::RoutingKey)?;
         let mut headers = Vec::new();
         for (name, value) in &config.headers {
-            header_name(name).map_err(|e| format!("headers: {e}"))?;
+            header_name(name).map_err(AmqpError::Header)?;
             headers.push((name.clone(), value.clone()));
         }
         Ok(Self { uri, shown, exchange, routing_key, headers, timeout: config.timeout.0, open: Mutex::new(None) })
@@ -107,7 +173,7 @@ impl AmqpDestination {
 
     /// The open channel and its generation, opening a connection and a
     /// channel when there is none, or the one there is has closed.
-    async fn channel(&self) -> Result<(u64, Channel), String> {
+    async fn channel(&self) -> Result<(u64, Channel), AmqpError> {
         let mut open = self.open.lock().await;
         if let Some(open) = open.as_ref()
             && open.connection.status().connected()
@@ -122,12 +188,9 @@ impl AmqpDestination {
         let properties = ConnectionProperties::default().with_connection_name("idemgate-relay".into());
         let connection = Connection::connect_uri(self.uri.clone(), properties)
             .await
-            .map_err(|e| format!("cannot connect to {}: {}", self.shown, printable_error(&e)))?;
-        let channel = connection.create_channel().await.map_err(|e| format!("cannot open a channel: {e}"))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| format!("cannot turn publisher confirms on: {e}"))?;
+            .map_err(|source| AmqpError::Connect { shown: self.shown.clone(), source })?;
+        let channel = connection.create_channel().await.map_err(AmqpError::Channel)?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(AmqpError::Confirms)?;
         *open = Some(Open { generation, connection, channel: channel.clone() });
         Ok((generation, channel))
     }
@@ -148,14 +211,14 @@ impl AmqpDestination {
     }
 
     /// The message's properties: persistent, JSON, its headers and the derived key.
-    fn properties(&self, message: &Claimed) -> Result<BasicProperties, String> {
+    fn properties(&self, message: &Claimed) -> Result<BasicProperties, MessageError> {
         let headers = message_headers(&self.headers, message, |name, _| header_name(name))?;
         let mut table = FieldTable::default();
         for (name, value) in headers {
-            let name = ShortString::try_new(name).map_err(|_| "a header name is too long")?;
+            let name = ShortString::try_new(name).map_err(|_| MessageError::LongHeader)?;
             table.insert(name, AMQPValue::LongString(LongString::from(value)));
         }
-        let id = ShortString::try_new(message.derived_key.as_str()).map_err(|_| "the derived key is too long")?;
+        let id = ShortString::try_new(message.derived_key.as_str()).map_err(|_| MessageError::DerivedKey)?;
         Ok(BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
@@ -165,7 +228,7 @@ impl AmqpDestination {
 
     async fn attempt(&self, message: &Claimed) -> Delivery {
         let failed = |class, reason: String| Delivery::Failed { class, retry_after: None, reason };
-        let routing_key = match self.routing_key.render(message, |_| Ok(())) {
+        let routing_key = match self.routing_key.render(message, |_| Ok::<(), std::convert::Infallible>(())) {
             Ok(key) => key,
             Err(reason) => return failed(Class::Reject, format!("routing_key: {reason}")),
         };
@@ -174,11 +237,11 @@ impl AmqpDestination {
         };
         let properties = match self.properties(message) {
             Ok(properties) => properties,
-            Err(reason) => return failed(Class::Reject, reason),
+            Err(reason) => return failed(Class::Reject, reason.to_string()),
         };
         let used = std::sync::Mutex::new(None);
         let confirmed = tokio::time::timeout(self.timeout, async {
-            let (generation, channel) = self.channel().await?;
+            let (generation, channel) = self.channel().await.map_err(|e| e.to_string())?;
             if let Ok(mut used) = used.lock() {
                 *used = Some(generation);
             }
@@ -238,10 +301,9 @@ fn close(connection: Connection) {
 }
 
 /// Whether `name` can be an AMQP header name.
-fn header_name(name: &str) -> Result<(), String> {
-    let shown: String = name.chars().take(64).collect();
+fn header_name(name: &str) -> Result<(), HeaderNameError> {
     if name.is_empty() || name.len() > MAX_SHORT {
-        return Err(format!("header {shown:?} must be 1 to {MAX_SHORT} bytes"));
+        return Err(HeaderNameError(name.chars().take(64).collect()));
     }
     Ok(())
 }

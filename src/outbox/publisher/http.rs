@@ -38,9 +38,21 @@ use tokio::time::Instant;
 
 use super::super::claim::Claimed;
 use super::super::retry::{Class, classify_status, parse_retry_after};
+use super::target::TargetError;
 use super::{Delivery, Destination, MAX_ERROR_BODY, Target};
 use crate::config::{DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig, Scrubber};
 use crate::http::client::{Upstream, UpstreamBody};
+
+/// Why an HTTP destination cannot be built; names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Its URL, method or headers.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// Its client (the `ca_file`).
+    #[error("ca_file: {0}")]
+    CaFile(#[source] crate::http::client::ClientError),
+}
 
 /// An HTTP destination: its request template and its pooled client.
 pub struct HttpDestination {
@@ -52,12 +64,12 @@ pub struct HttpDestination {
 impl HttpDestination {
     /// Checks the destination's URL, method and headers and builds its
     /// client; the error names the field.
-    pub fn new(config: &DestinationConfig) -> Result<Self, String> {
+    pub fn new(config: &DestinationConfig) -> Result<Self, HttpError> {
         let target = Target::from_config(config)?;
         // The URI has no user info left, so neither has any error naming it.
         let client =
             Upstream::new(&target.uri, config.ca_file.as_deref(), DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT)
-                .map_err(|e| format!("ca_file: {e}"))?;
+                .map_err(HttpError::CaFile)?;
         Ok(Self { target, timeout: config.timeout.0, client })
     }
 
@@ -65,7 +77,7 @@ impl HttpDestination {
         let failed = |class, retry_after, reason: String| Delivery::Failed { class, retry_after, reason };
         let request = match self.target.request(message) {
             Ok(request) => request,
-            Err(reason) => return failed(Class::Reject, None, reason),
+            Err(reason) => return failed(Class::Reject, None, reason.to_string()),
         };
         let deadline = Instant::now() + self.timeout;
         let sent = tokio::time::timeout_at(deadline, self.client.send(request, self.timeout)).await;

@@ -43,12 +43,127 @@ use tokio::sync::OnceCell;
 
 use super::super::claim::Claimed;
 use super::super::retry::Class;
-use super::template::Template;
-use super::{Delivery, Destination, message_headers};
+use super::template::{Template, TemplateError};
+use super::{Delivery, Destination, MessageHeaderError, message_headers};
 use crate::config::{DestinationConfig, Scrubber, ServiceUrl};
 
 /// The header JetStream deduplicates on, carrying the derived key.
 const MESSAGE_ID: &str = "Nats-Msg-Id";
+
+/// Why a NATS destination cannot be built (naming the field) or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    /// The client could not be made to connect (at the first publish).
+    #[error("cannot connect to {shown}: {source}")]
+    Connect {
+        /// The URL, redacted.
+        shown: String,
+        /// Why.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// Not `nats://` or `tls://`.
+    #[error("url {0:?} must be a nats:// or tls:// URL")]
+    Scheme(String),
+    /// The client does not take the URL.
+    #[error("url {shown:?}: {source}")]
+    Url {
+        /// The URL, redacted.
+        shown: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The URL has no host.
+    #[error("url {0:?} has no host")]
+    NoHost(String),
+    /// No `subject`.
+    #[error("kind = \"nats\" needs a subject")]
+    NoSubject,
+    /// The subject does not parse as a template.
+    #[error("subject: {0}")]
+    Template(#[source] TemplateError),
+    /// The subject's fixed parts make no subject that can be published to.
+    #[error("subject: {0}")]
+    Subject(#[source] SubjectError),
+    /// A configured header.
+    #[error("headers: {0}")]
+    Header(#[source] HeaderError),
+    /// `ca_file` cannot be read.
+    #[error("ca_file {}: {source}", path.display())]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a header cannot travel on a NATS message; the name cut to 64 characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// `Nats-*`: JetStream's instructions.
+    #[error("header {0:?} is refused: Nats-* headers are JetStream's instructions")]
+    Reserved(String),
+    /// Not a header name.
+    #[error("header {0:?} is not a valid header name")]
+    Name(String),
+    /// Not a header value.
+    #[error("header {0:?} has an invalid value")]
+    Value(String),
+    /// A header checked before that the client still refuses.
+    #[error("header {0:?} cannot be sent")]
+    Unsendable(String),
+}
+
+/// Why a value cannot stand in a subject as (part of) one token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Nothing.
+    #[error("it is empty")]
+    Empty,
+    /// A `.`.
+    #[error("a '.' would split it into more subject tokens")]
+    Dot,
+    /// `*` or `>`.
+    #[error("'*' and '>' are wildcards, which cannot be published to")]
+    Wildcard,
+    /// Whitespace or a control character.
+    #[error("subjects hold no whitespace or control characters")]
+    Whitespace,
+}
+
+/// Why a subject cannot be published to; quotes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubjectError {
+    /// Two dots, or one at an end.
+    #[error("{0:?} has an empty token (two dots, or one at an end)")]
+    EmptyToken(String),
+    /// A token that is not one.
+    #[error("{subject:?}: {why}")]
+    Token {
+        /// The subject.
+        subject: String,
+        /// Why.
+        #[source]
+        why: TokenError,
+    },
+}
+
+/// Why one message cannot be published (refused, not retried).
+#[derive(Debug, thiserror::Error)]
+enum MessageError {
+    /// A header of the message's.
+    #[error(transparent)]
+    Headers(#[from] MessageHeaderError<HeaderError>),
+    /// A header, checked before, that the client refuses.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// The derived key.
+    #[error("the derived key is not a header value")]
+    DerivedKey,
+}
 
 /// A NATS JetStream destination.
 pub struct NatsDestination {
@@ -67,25 +182,28 @@ pub struct NatsDestination {
 impl NatsDestination {
     /// Checks the destination's URL, subject, headers and `ca_file`; the
     /// error names the field. Connects to nothing.
-    pub fn new(config: &DestinationConfig) -> Result<Self, String> {
+    pub fn new(config: &DestinationConfig) -> Result<Self, NatsError> {
         let shown = ServiceUrl::new(config.url.as_str()).redacted();
         if !(config.url.starts_with("nats://") || config.url.starts_with("tls://")) {
-            return Err(format!("url {shown:?} must be a nats:// or tls:// URL"));
+            return Err(NatsError::Scheme(shown));
         }
-        let server = ServerAddr::from_str(&config.url).map_err(|e| format!("url {shown:?}: {e}"))?;
+        let server = match ServerAddr::from_str(&config.url) {
+            Ok(server) => server,
+            Err(source) => return Err(NatsError::Url { shown, source }),
+        };
         if server.host().is_empty() {
-            return Err(format!("url {shown:?} has no host"));
+            return Err(NatsError::NoHost(shown));
         }
-        let subject = config.subject.as_deref().ok_or("kind = \"nats\" needs a subject")?;
-        let subject = Template::parse(subject).map_err(|e| format!("subject: {e}"))?;
-        subject_name(&subject.sample("x")).map_err(|e| format!("subject: {e}"))?;
+        let subject = config.subject.as_deref().ok_or(NatsError::NoSubject)?;
+        let subject = Template::parse(subject).map_err(NatsError::Template)?;
+        subject_name(&subject.sample("x")).map_err(NatsError::Subject)?;
         let mut headers = Vec::new();
         for (name, value) in &config.headers {
-            header(name, value).map_err(|e| format!("headers: {e}"))?;
+            header(name, value).map_err(NatsError::Header)?;
             headers.push((name.clone(), value.clone()));
         }
         if let Some(path) = &config.ca_file {
-            std::fs::read(path).map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+            std::fs::read(path).map_err(|source| NatsError::CaFile { path: path.clone(), source })?;
         }
         Ok(Self {
             server,
@@ -101,7 +219,7 @@ impl NatsDestination {
 
     /// The JetStream context, its client connecting in the background from
     /// the first call on.
-    async fn context(&self) -> Result<&async_nats::jetstream::Context, String> {
+    async fn context(&self) -> Result<&async_nats::jetstream::Context, NatsError> {
         self.context
             .get_or_try_init(|| async {
                 let trouble = Arc::clone(&self.trouble);
@@ -120,7 +238,7 @@ impl NatsDestination {
                 let client = options
                     .connect(self.server.clone())
                     .await
-                    .map_err(|e| format!("cannot connect to {}: {e}", self.shown))?;
+                    .map_err(|source| NatsError::Connect { shown: self.shown.clone(), source })?;
                 let mut context = async_nats::jetstream::new(client);
                 context.set_timeout(self.timeout);
                 Ok(context)
@@ -130,14 +248,14 @@ impl NatsDestination {
 
     /// The message's headers as published ([`message_headers`]), and the
     /// derived key last.
-    fn headers(&self, message: &Claimed) -> Result<HeaderMap, String> {
+    fn headers(&self, message: &Claimed) -> Result<HeaderMap, MessageError> {
         let headers = message_headers(&self.headers, message, |name, value| header(name, value).map(drop))?;
         let mut map = HeaderMap::new();
         for (name, value) in &headers {
             let (name, value) = header_unchecked(name, value)?;
             map.insert(name, value);
         }
-        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| "the derived key is not a header value")?;
+        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| MessageError::DerivedKey)?;
         map.insert(MESSAGE_ID, key);
         Ok(map)
     }
@@ -150,11 +268,11 @@ impl NatsDestination {
         };
         let headers = match self.headers(message) {
             Ok(headers) => headers,
-            Err(reason) => return failed(Class::Reject, reason),
+            Err(reason) => return failed(Class::Reject, reason.to_string()),
         };
         let publish = PublishMessage::build().payload(Bytes::from(message.payload.clone())).headers(headers);
         let acknowledged = tokio::time::timeout(self.timeout, async {
-            let context = self.context().await.map_err(|reason| (Class::Retry, reason))?;
+            let context = self.context().await.map_err(|reason| (Class::Retry, reason.to_string()))?;
             let pending = context.send_publish(subject.clone(), publish).await.map_err(|e| classify(&e, &subject))?;
             pending.await.map_err(|e| classify(&e, &subject))
         })
@@ -212,50 +330,50 @@ fn classify(error: &async_nats::jetstream::context::PublishError, subject: &str)
 
 /// A configured or message header as NATS carries it. `Nats-*` headers
 /// are JetStream's instructions (expected sequences, ids, TTLs): refused.
-fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), HeaderError> {
     let shown: String = name.chars().take(64).collect();
     if name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-") {
-        return Err(format!("header {shown:?} is refused: Nats-* headers are JetStream's instructions"));
+        return Err(HeaderError::Reserved(shown));
     }
-    let name = HeaderName::from_str(name).map_err(|_| format!("header {shown:?} is not a valid header name"))?;
-    let value = HeaderValue::from_str(value).map_err(|_| format!("header {shown:?} has an invalid value"))?;
+    let Ok(name) = HeaderName::from_str(name) else { return Err(HeaderError::Name(shown)) };
+    let Ok(value) = HeaderValue::from_str(value) else { return Err(HeaderError::Value(shown)) };
     Ok((name, value))
 }
 
 /// A header already checked by [`header`], or the relay's own.
-fn header_unchecked(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+fn header_unchecked(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), HeaderError> {
     let parsed = (HeaderName::from_str(name), HeaderValue::from_str(value));
     match parsed {
         (Ok(name), Ok(value)) => Ok((name, value)),
-        _ => Err(format!("header {name:?} cannot be sent")),
+        _ => Err(HeaderError::Unsendable(name.to_owned())),
     }
 }
 
 /// Whether `value` can stand in a subject as (part of) one token.
-fn subject_token(value: &str) -> Result<(), String> {
+fn subject_token(value: &str) -> Result<(), TokenError> {
     if value.is_empty() {
-        return Err("it is empty".into());
+        return Err(TokenError::Empty);
     }
     if value.contains('.') {
-        return Err("a '.' would split it into more subject tokens".into());
+        return Err(TokenError::Dot);
     }
     if value.contains(['*', '>']) {
-        return Err("'*' and '>' are wildcards, which cannot be published to".into());
+        return Err(TokenError::Wildcard);
     }
     if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("subjects hold no whitespace or control characters".into());
+        return Err(TokenError::Whitespace);
     }
     Ok(())
 }
 
 /// Whether `subject` can be published to: tokens separated by `.`, none
 /// empty, no wildcard, no whitespace.
-fn subject_name(subject: &str) -> Result<(), String> {
+fn subject_name(subject: &str) -> Result<(), SubjectError> {
     for token in subject.split('.') {
         if token.is_empty() {
-            return Err(format!("{subject:?} has an empty token (two dots, or one at an end)"));
+            return Err(SubjectError::EmptyToken(subject.to_owned()));
         }
-        subject_token(token).map_err(|why| format!("{subject:?}: {why}"))?;
+        subject_token(token).map_err(|why| SubjectError::Token { subject: subject.to_owned(), why })?;
     }
     Ok(())
 }

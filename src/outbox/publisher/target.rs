@@ -35,6 +35,107 @@ const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 use crate::outbox::enqueue::reserved_header;
 
+/// Why a destination's URL, method or headers are refused; names the
+/// field, and prints the URL with its password redacted.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// Not a URI.
+    #[error("url {shown:?} is not a URL: {source}")]
+    NotAUrl {
+        /// The URL, redacted.
+        shown: String,
+        /// Why.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Not `http://` or `https://` with a host.
+    #[error("url {0:?} must be an http:// or https:// URL with a host")]
+    Scheme(String),
+    /// Its user info cannot be a `Basic` credential.
+    #[error("url {shown:?}: {source}")]
+    Credentials {
+        /// The URL, redacted.
+        shown: String,
+        /// Why.
+        #[source]
+        source: CredentialsError,
+    },
+    /// The method is not one.
+    #[error("{0:?} is not an HTTP method")]
+    Method(String),
+    /// A header name that is not one.
+    #[error("{0:?} is not a valid header name")]
+    HeaderName(String),
+    /// A header the relay sets or that frames the body.
+    #[error("headers must not set {name}: {why}")]
+    Reserved {
+        /// The header.
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A header given twice in different cases.
+    #[error("headers set {0} twice (names are not case-sensitive)")]
+    Twice(HeaderName),
+    /// A header value that is not one.
+    #[error("header {0:?} has an invalid value")]
+    HeaderValue(String),
+    /// Credentials in the URL and an `Authorization` header.
+    #[error("url {0:?} carries credentials and headers set Authorization too: keep one of them")]
+    TwoCredentials(String),
+}
+
+/// Why the user info of a URL cannot become an `Authorization: Basic` header.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// Not UTF-8 once percent-decoded.
+    #[error("its user info is not UTF-8 once percent-decoded")]
+    NotUtf8,
+    /// A `:` in the user name.
+    #[error("the user name may not contain ':' (Basic authentication could not tell it from the password)")]
+    Colon,
+    /// The host part is not an authority.
+    #[error(transparent)]
+    Authority(#[from] http::uri::InvalidUri),
+    /// The URL without user info is not a URL.
+    #[error(transparent)]
+    Uri(#[from] http::uri::InvalidUriParts),
+    /// The credential is not a header value.
+    #[error(transparent)]
+    Header(#[from] http::header::InvalidHeaderValue),
+}
+
+/// Why one message cannot make a request (refused, not retried).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// A message header the relay sets or that frames the body.
+    #[error("message header {name} is refused: {why}")]
+    Reserved {
+        /// The name, quoted, at most 64 characters.
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A message header name that is not one.
+    #[error("message header {0} is not a valid header name")]
+    HeaderName(String),
+    /// A message header value that is not one.
+    #[error("message header {0} has an invalid value")]
+    HeaderValue(HeaderName),
+    /// The row's trace context.
+    #[error("traceparent is not a header value")]
+    Traceparent,
+    /// The row's trace state.
+    #[error("tracestate is not a header value")]
+    Tracestate,
+    /// The derived key.
+    #[error("derived key is not a header value")]
+    DerivedKey,
+    /// The request builder refused.
+    #[error(transparent)]
+    Build(#[from] http::Error),
+}
+
 /// A destination's request template: where, how, and the headers every
 /// request to it carries.
 #[derive(Debug, Clone)]
@@ -50,36 +151,32 @@ pub struct Target {
 impl Target {
     /// Checks a destination's URL, method and headers. Errors name the
     /// field and print the URL with its password redacted.
-    pub fn from_config(config: &DestinationConfig) -> Result<Self, String> {
+    pub fn from_config(config: &DestinationConfig) -> Result<Self, TargetError> {
         let shown = || ServiceUrl::new(config.url.as_str()).redacted();
-        let uri: Uri = config.url.parse().map_err(|e| format!("url {:?} is not a URL: {e}", shown()))?;
+        let uri: Uri = config.url.parse().map_err(|source| TargetError::NotAUrl { shown: shown(), source })?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none_or(str::is_empty) {
-            return Err(format!("url {:?} must be an http:// or https:// URL with a host", shown()));
+            return Err(TargetError::Scheme(shown()));
         }
-        let (uri, credentials) = split_credentials(uri).map_err(|e| format!("url {:?}: {e}", shown()))?;
+        let (uri, credentials) =
+            split_credentials(uri).map_err(|source| TargetError::Credentials { shown: shown(), source })?;
         let method = config.method.as_deref().unwrap_or("POST");
-        let method = Method::from_bytes(method.as_bytes()).map_err(|_| format!("{method:?} is not an HTTP method"))?;
+        let method = Method::from_bytes(method.as_bytes()).map_err(|_| TargetError::Method(method.to_owned()))?;
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
-            let header =
-                HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name"))?;
+            let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TargetError::HeaderName(name.clone()))?;
             if let Some(why) = reserved_header(name).filter(|_| header != HOST) {
-                return Err(format!("headers must not set {name}: {why}"));
+                return Err(TargetError::Reserved { name: name.clone(), why });
             }
             if headers.contains_key(&header) {
-                return Err(format!("headers set {header} twice (names are not case-sensitive)"));
+                return Err(TargetError::Twice(header));
             }
-            let mut value =
-                HeaderValue::from_str(value).map_err(|_| format!("header {name:?} has an invalid value"))?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| TargetError::HeaderValue(name.clone()))?;
             value.set_sensitive(true);
             headers.insert(header, value);
         }
         if let Some(credentials) = credentials {
             if headers.contains_key(AUTHORIZATION) {
-                return Err(format!(
-                    "url {:?} carries credentials and headers set Authorization too: keep one of them",
-                    shown()
-                ));
+                return Err(TargetError::TwoCredentials(shown()));
             }
             headers.insert(AUTHORIZATION, credentials);
         }
@@ -93,39 +190,36 @@ impl Target {
     /// `Idempotency-Key`.
     /// A message header that [`reserved_header`] names, or that is not a
     /// valid header, refuses the whole message.
-    pub fn request(&self, message: &Claimed) -> Result<Request<ResponseBody>, String> {
+    pub fn request(&self, message: &Claimed) -> Result<Request<ResponseBody>, RequestError> {
         let mut headers = self.headers.clone();
         for (name, value) in &message.headers {
             if let Some(why) = reserved_header(name) {
-                return Err(format!("message header {} is refused: {why}", quoted(name)));
+                return Err(RequestError::Reserved { name: quoted(name), why });
             }
-            let header = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("message header {} is not a valid header name", quoted(name)))?;
-            let value =
-                HeaderValue::from_str(value).map_err(|_| format!("message header {header} has an invalid value"))?;
+            let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| RequestError::HeaderName(quoted(name)))?;
+            let Ok(value) = HeaderValue::from_str(value) else { return Err(RequestError::HeaderValue(header)) };
             headers.insert(header, value);
         }
         if let Some(trace) = &message.trace {
             // A new span of the row's trace for each attempt; a tracestate
             // among the message's headers belongs to another context.
-            let traceparent = HeaderValue::from_str(&trace.child()).map_err(|_| "traceparent is not a header value")?;
+            let traceparent = HeaderValue::from_str(&trace.child()).map_err(|_| RequestError::Traceparent)?;
             headers.insert(TRACEPARENT, traceparent);
             headers.remove(TRACESTATE);
             if let Some(state) = trace.tracestate() {
-                let state = HeaderValue::from_str(state).map_err(|_| "tracestate is not a header value")?;
+                let state = HeaderValue::from_str(state).map_err(|_| RequestError::Tracestate)?;
                 headers.insert(TRACESTATE, state);
             }
         }
         if !headers.contains_key(CONTENT_TYPE) {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| "derived key is not a header value")?;
+        let key = HeaderValue::from_str(&message.derived_key).map_err(|_| RequestError::DerivedKey)?;
         headers.insert(&IDEMPOTENCY_KEY, key);
         let mut request = Request::builder()
             .method(self.method.clone())
             .uri(self.uri.clone())
-            .body(full(Bytes::from(message.payload.clone())))
-            .map_err(|e| e.to_string())?;
+            .body(full(Bytes::from(message.payload.clone())))?;
         *request.headers_mut() = headers;
         Ok(request)
     }
@@ -138,7 +232,7 @@ fn quoted(name: &str) -> String {
 
 /// `uri` without its user info, and the `Authorization: Basic` value the
 /// user info stands for (none when it is absent or empty).
-fn split_credentials(uri: Uri) -> Result<(Uri, Option<HeaderValue>), String> {
+fn split_credentials(uri: Uri) -> Result<(Uri, Option<HeaderValue>), CredentialsError> {
     let Some((userinfo, host)) = uri.authority().and_then(|a| a.as_str().rsplit_once('@')) else {
         return Ok((uri, None));
     };
@@ -147,24 +241,22 @@ fn split_credentials(uri: Uri) -> Result<(Uri, Option<HeaderValue>), String> {
         percent_encoding::percent_decode_str(part)
             .decode_utf8()
             .map(|decoded| decoded.into_owned())
-            .map_err(|_| "its user info is not UTF-8 once percent-decoded".to_string())
+            .map_err(|_| CredentialsError::NotUtf8)
     };
     let (user, password) = (decode(user)?, decode(password)?);
     if user.contains(':') {
-        return Err(
-            "the user name may not contain ':' (Basic authentication could not tell it from the password)".into()
-        );
+        return Err(CredentialsError::Colon);
     }
-    let authority = Authority::try_from(host).map_err(|e| e.to_string())?;
+    let authority = Authority::try_from(host)?;
     let mut parts = uri.into_parts();
     parts.authority = Some(authority);
     parts.path_and_query = Some(parts.path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/")));
-    let uri = Uri::from_parts(parts).map_err(|e| e.to_string())?;
+    let uri = Uri::from_parts(parts)?;
     if user.is_empty() && password.is_empty() {
         return Ok((uri, None));
     }
     let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).map_err(|e| e.to_string())?;
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))?;
     value.set_sensitive(true);
     Ok((uri, Some(value)))
 }
@@ -173,7 +265,7 @@ fn split_credentials(uri: Uri) -> Result<(Uri, Option<HeaderValue>), String> {
 mod tests {
     use super::*;
 
-    fn target(url: &str) -> Result<Target, String> {
+    fn target(url: &str) -> Result<Target, TargetError> {
         Target::from_config(&DestinationConfig::new(url))
     }
 
@@ -229,7 +321,7 @@ mod tests {
     fn credentials_and_a_configured_authorization_are_ambiguous() {
         let mut config = DestinationConfig::new("https://alice:s3cret@h/send");
         config.headers.insert("Authorization".into(), "Bearer x".into());
-        let error = Target::from_config(&config).unwrap_err();
+        let error = Target::from_config(&config).unwrap_err().to_string();
         assert!(error.contains("Authorization") && error.contains("alice:[redacted]@h"), "{error}");
         assert!(!error.contains("s3cret"), "{error}");
     }
@@ -237,10 +329,10 @@ mod tests {
     #[test]
     fn url_errors_never_print_the_password() {
         for url in ["ftp://alice:s3cret@h/", "https://alice:s3cret@h/a b"] {
-            let error = target(url).unwrap_err();
+            let error = target(url).unwrap_err().to_string();
             assert!(!error.contains("s3cret") && error.contains("[redacted]"), "{error}");
         }
-        assert!(target("http://a%3Ab:pw@h/").unwrap_err().contains("':'"));
+        assert!(target("http://a%3Ab:pw@h/").unwrap_err().to_string().contains("':'"));
     }
 
     #[test]
@@ -260,7 +352,7 @@ mod tests {
         let mut config = DestinationConfig::new("http://h/");
         config.headers.insert("X-Tenant".into(), "a".into());
         config.headers.insert("x-tenant".into(), "b".into());
-        assert!(Target::from_config(&config).unwrap_err().contains("twice"));
+        assert!(Target::from_config(&config).unwrap_err().to_string().contains("twice"));
     }
 
     #[test]
@@ -279,14 +371,14 @@ mod tests {
             "Proxy-Authorization",
             "idempotency-key",
         ] {
-            let error = target.request(&message(&[(name, "5")])).unwrap_err();
+            let error = target.request(&message(&[(name, "5")])).unwrap_err().to_string();
             assert!(error.contains(&format!("{name:?}")) && error.contains("refused"), "{error}");
         }
     }
 
     #[test]
     fn a_message_header_name_is_escaped_in_the_refusal() {
-        let error = target("http://h/").unwrap().request(&message(&[("x\nforged: 1", "v")])).unwrap_err();
+        let error = target("http://h/").unwrap().request(&message(&[("x\nforged: 1", "v")])).unwrap_err().to_string();
         assert!(!error.contains('\n'), "{error}");
     }
 

@@ -55,9 +55,53 @@ impl Field {
     }
 }
 
+/// Why a template does not parse; quotes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// A `}` that closes nothing.
+    #[error("{0:?} has a '}}' without its '{{'")]
+    Close(String),
+    /// A `{` never closed.
+    #[error("{0:?} has a '{{' without its '}}'")]
+    Open(String),
+    /// A placeholder that names no field of a message.
+    #[error(
+        "{text:?} names {{{name}}}: a template may use {{destination}}, {{operation}}, {{business_key}} and {{ordering_key}}"
+    )]
+    Unknown {
+        /// The template.
+        text: String,
+        /// The name in braces.
+        name: String,
+    },
+    /// Nothing at all.
+    #[error("the template is empty")]
+    Empty,
+}
+
+/// Why a message cannot fill a template; `E` is the destination's reason
+/// a value cannot stand in its name.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError<E> {
+    /// The message has no value for a placeholder (an ordering key).
+    #[error("the message has no {0} for {{{0}}} in the template")]
+    Missing(&'static str),
+    /// A value the destination's rule refuses.
+    #[error("its {field} {shown:?} cannot fill {{{field}}}: {why}")]
+    Value {
+        /// The placeholder.
+        field: &'static str,
+        /// The value, its first 64 characters.
+        shown: String,
+        /// Why not.
+        #[source]
+        why: E,
+    },
+}
+
 impl Template {
     /// Parses `text`; the error says what is wrong and where.
-    pub(super) fn parse(text: &str) -> Result<Self, String> {
+    pub(super) fn parse(text: &str) -> Result<Self, TemplateError> {
         let mut parts = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
@@ -67,27 +111,24 @@ impl Template {
                     break;
                 }
                 Some(at) if rest.as_bytes()[at] == b'}' => {
-                    return Err(format!("{text:?} has a '}}' without its '{{'"));
+                    return Err(TemplateError::Close(text.to_owned()));
                 }
                 Some(at) => {
                     if at > 0 {
                         parts.push(Part::Text(rest[..at].to_owned()));
                     }
-                    let close = rest[at..].find('}').ok_or_else(|| format!("{text:?} has a '{{' without its '}}'"))?;
+                    let close = rest[at..].find('}').ok_or_else(|| TemplateError::Open(text.to_owned()))?;
                     let name = &rest[at + 1..at + close];
                     let field = Field::ALL.iter().find(|(known, _)| *known == name).map(|(_, field)| *field);
-                    let field = field.ok_or_else(|| {
-                        format!(
-                            "{text:?} names {{{name}}}: a template may use {{destination}}, {{operation}}, {{business_key}} and {{ordering_key}}"
-                        )
-                    })?;
+                    let field =
+                        field.ok_or_else(|| TemplateError::Unknown { text: text.to_owned(), name: name.to_owned() })?;
                     parts.push(Part::Field(field));
                     rest = &rest[at + close + 1..];
                 }
             }
         }
         if parts.is_empty() {
-            return Err("the template is empty".into());
+            return Err(TemplateError::Empty);
         }
         Ok(Self { parts })
     }
@@ -107,22 +148,21 @@ impl Template {
     /// The name for `message`; each value must pass `allowed` (which says
     /// why not). A message without an ordering key cannot fill
     /// `{ordering_key}`.
-    pub(super) fn render(
+    pub(super) fn render<E>(
         &self,
         message: &Claimed,
-        allowed: impl Fn(&str) -> Result<(), String>,
-    ) -> Result<String, String> {
+        allowed: impl Fn(&str) -> Result<(), E>,
+    ) -> Result<String, RenderError<E>> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Text(text) => out.push_str(text),
                 Part::Field(field) => {
-                    let value = field.of(message).ok_or_else(|| {
-                        format!("the message has no {} for {{{}}} in the template", field.name(), field.name())
-                    })?;
-                    allowed(value).map_err(|why| {
-                        let shown: String = value.chars().take(64).collect();
-                        format!("its {} {shown:?} cannot fill {{{}}}: {why}", field.name(), field.name())
+                    let value = field.of(message).ok_or(RenderError::Missing(field.name()))?;
+                    allowed(value).map_err(|why| RenderError::Value {
+                        field: field.name(),
+                        shown: value.chars().take(64).collect(),
+                        why,
                     })?;
                     out.push_str(value);
                 }
@@ -148,7 +188,7 @@ mod tests {
             ("", "empty"),
             ("{}", "names {}"),
         ] {
-            let error = Template::parse(text).unwrap_err();
+            let error = Template::parse(text).unwrap_err().to_string();
             assert!(error.contains(says), "{text:?}: {error}");
         }
     }

@@ -160,7 +160,7 @@ impl Options {
 }
 
 fn duration(value: &str) -> Result<Duration, StoreError> {
-    value.parse::<ConfigDuration>().map(|d| d.0).map_err(StoreError::InvalidUrl)
+    value.parse::<ConfigDuration>().map(|d| d.0).map_err(|e| StoreError::InvalidUrl(e.to_string()))
 }
 
 fn decode(value: &str) -> String {

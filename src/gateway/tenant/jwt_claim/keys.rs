@@ -64,22 +64,86 @@ pub(super) enum Keys {
     Jwks(JwksFile),
 }
 
+/// Why the configured keys cannot be used; names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// `hs256_secret_file` cannot be read.
+    #[error("cannot read hs256_secret_file {}: {source}", path.display())]
+    ReadSecret {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The secret is shorter than the hash.
+    #[error("hs256_secret_file {}: the secret must be at least {MIN_SECRET} bytes; use a random value", path.display())]
+    ShortSecret {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The secret is not a key.
+    #[error("hs256_secret_file {}: {source}", path.display())]
+    Secret {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: jsonwebtoken::errors::Error,
+    },
+    /// `jwks_file` cannot be read.
+    #[error("cannot read jwks_file {}: {source}", path.display())]
+    ReadJwks {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `jwks_file` holds no usable key set.
+    #[error("jwks_file {}: {source}", path.display())]
+    Jwks {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: KeySetError,
+    },
+}
+
+/// Why the bytes of a key set file are not a usable key set.
+#[derive(Debug, thiserror::Error)]
+pub enum KeySetError {
+    /// Not JSON, or not the shape of a JWK Set.
+    #[error("not a JSON Web Key Set: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A signing key that cannot be used (its parameters).
+    #[error("key {kid:?}: {source}")]
+    Key {
+        /// The key's `kid`, if it has one.
+        kid: Option<String>,
+        /// Why.
+        #[source]
+        source: jsonwebtoken::errors::Error,
+    },
+    /// Only encryption, symmetric or unsupported keys.
+    #[error("no RSA, EC (P-256, P-384) or Ed25519 signing key in it")]
+    NoSigningKey,
+}
+
 impl Keys {
     /// Reads the configured keys; the error names the file and the fault.
-    pub(super) fn load(config: &JwtKeys) -> Result<Self, String> {
+    pub(super) fn load(config: &JwtKeys) -> Result<Self, KeysError> {
         match config {
             JwtKeys::Hs256SecretFile(path) => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| format!("cannot read hs256_secret_file {}: {e}", path.display()))?;
+                let bytes =
+                    std::fs::read(path).map_err(|source| KeysError::ReadSecret { path: path.clone(), source })?;
                 let secret = bytes.strip_suffix(b"\n").map(|s| s.strip_suffix(b"\r").unwrap_or(s)).unwrap_or(&bytes);
                 if secret.len() < MIN_SECRET {
-                    return Err(format!(
-                        "hs256_secret_file {}: the secret must be at least {MIN_SECRET} bytes; use a random value",
-                        path.display()
-                    ));
+                    return Err(KeysError::ShortSecret { path: path.clone() });
                 }
                 let key = DecodingKey::from_secret(secret)
-                    .map_err(|e| format!("hs256_secret_file {}: {e}", path.display()))?;
+                    .map_err(|source| KeysError::Secret { path: path.clone(), source })?;
                 Ok(Self::Secret(Arc::new(KeySet(vec![VerifyingKey {
                     kid: None,
                     key,
@@ -113,9 +177,9 @@ struct LastRead {
 }
 
 impl JwksFile {
-    fn load(path: &Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read jwks_file {}: {e}", path.display()))?;
-        let keys = parse(&bytes).map_err(|e| format!("jwks_file {}: {e}", path.display()))?;
+    fn load(path: &Path) -> Result<Self, KeysError> {
+        let bytes = std::fs::read(path).map_err(|source| KeysError::ReadJwks { path: path.to_owned(), source })?;
+        let keys = parse(&bytes).map_err(|source| KeysError::Jwks { path: path.to_owned(), source })?;
         Ok(Self {
             path: path.to_owned(),
             keys: RwLock::new(Arc::new(keys)),
@@ -165,8 +229,8 @@ impl JwksFile {
 /// The signing keys of a key set: RSA, EC (P-256, P-384) and Ed25519
 /// public keys. Encryption keys and symmetric ones are left out (a
 /// shared secret belongs in `hs256_secret_file`, not in a key set).
-fn parse(bytes: &[u8]) -> Result<KeySet, String> {
-    let set: JwkSet = serde_json::from_slice(bytes).map_err(|e| format!("not a JSON Web Key Set: {e}"))?;
+fn parse(bytes: &[u8]) -> Result<KeySet, KeySetError> {
+    let set: JwkSet = serde_json::from_slice(bytes).map_err(KeySetError::Json)?;
     let mut keys = Vec::new();
     for jwk in &set.keys {
         if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
@@ -193,11 +257,12 @@ fn parse(bytes: &[u8]) -> Result<KeySet, String> {
             Some(Ok(alg)) if family.contains(&alg) => vec![alg],
             Some(_) => continue,
         };
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {:?}: {e}", jwk.common.key_id))?;
+        let key =
+            DecodingKey::from_jwk(jwk).map_err(|source| KeySetError::Key { kid: jwk.common.key_id.clone(), source })?;
         keys.push(VerifyingKey { kid: jwk.common.key_id.clone(), key, algorithms });
     }
     if keys.is_empty() {
-        return Err("no RSA, EC (P-256, P-384) or Ed25519 signing key in it".into());
+        return Err(KeySetError::NoSigningKey);
     }
     Ok(KeySet(keys))
 }
@@ -224,8 +289,8 @@ mod tests {
 
     #[test]
     fn a_file_without_a_signing_key_or_not_a_key_set_is_refused() {
-        assert!(parse(br#"{"keys":[]}"#).unwrap_err().contains("no RSA"));
-        assert!(parse(b"[]").unwrap_err().contains("not a JSON Web Key Set"));
+        assert!(parse(br#"{"keys":[]}"#).unwrap_err().to_string().contains("no RSA"));
+        assert!(parse(b"[]").unwrap_err().to_string().contains("not a JSON Web Key Set"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use super::{Source, TenantSourceError, single_field, split_credential};
 use crate::config::JwtClaimConfig;
 use crate::idempotency::{Tenant, TenantError};
 use keys::Keys;
+pub use keys::{KeySetError, KeysError};
 
 /// The challenge of a `401`.
 const CHALLENGE: &str = "Bearer";
@@ -49,11 +50,10 @@ impl JwtClaim {
     }
 
     /// The claim's value, from a token that passes every check.
-    fn verified_claim(&self, token: &str) -> Result<Vec<u8>, String> {
-        let header =
-            decode_header(token).map_err(|_| "the bearer token is not a JWT signed with a supported algorithm")?;
+    fn verified_claim(&self, token: &str) -> Result<Vec<u8>, TokenRefusal> {
+        let header = decode_header(token).map_err(|_| TokenRefusal::NotAJwt)?;
         let keys = self.keys.current();
-        let key = keys.find(header.kid.as_deref())?;
+        let key = keys.find(header.kid.as_deref()).map_err(TokenRefusal::Key)?;
         let mut validation = Validation::new(header.alg);
         validation.algorithms = key.algorithms.clone();
         validation.set_issuer(&[&self.issuer]);
@@ -61,12 +61,12 @@ impl JwtClaim {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.validate_nbf = true;
         let claims = decode::<serde_json::Map<String, serde_json::Value>>(token, &key.key, &validation)
-            .map_err(|e| why(e.kind()))?
+            .map_err(|e| TokenRefusal::of(e.kind()))?
             .claims;
         match claims.get(&self.claim) {
             Some(serde_json::Value::String(value)) if !value.is_empty() => Ok(value.as_bytes().to_vec()),
             Some(serde_json::Value::Number(value)) => Ok(value.to_string().into_bytes()),
-            _ => Err(format!("the token has no {} claim (a string or a number)", self.claim)),
+            _ => Err(TokenRefusal::NoTenantClaim(self.claim.clone())),
         }
     }
 }
@@ -79,7 +79,7 @@ impl Source for JwtClaim {
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer"))
             .and_then(|(_, token)| std::str::from_utf8(token).ok())
             .ok_or_else(|| refused("the Authorization header is not a Bearer token".into()))?;
-        self.verified_claim(token).map(Tenant::from_bytes).map_err(refused)
+        self.verified_claim(token).map(Tenant::from_bytes).map_err(|why| refused(why.to_string()))
     }
 
     fn tenant_named(&self, value: Option<&str>) -> Tenant {
@@ -87,18 +87,56 @@ impl Source for JwtClaim {
     }
 }
 
-/// What a client is told about its token: which check failed, never the claims.
-fn why(kind: &ErrorKind) -> String {
-    match kind {
-        ErrorKind::ExpiredSignature => "the token has expired".into(),
-        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
-        ErrorKind::InvalidIssuer => "the token's issuer (iss) is not the one this gateway accepts".into(),
-        ErrorKind::InvalidAudience => "the token's audience (aud) is not this gateway's".into(),
-        ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
-        ErrorKind::InvalidAlgorithm | ErrorKind::InvalidKeyFormat => {
-            "the token's algorithm (alg) is not one its key signs with".into()
+/// Why a token is refused, as its client is told: which check failed,
+/// never the claims.
+#[derive(Debug, thiserror::Error)]
+enum TokenRefusal {
+    /// The header does not decode, or names an algorithm not supported.
+    #[error("the bearer token is not a JWT signed with a supported algorithm")]
+    NotAJwt,
+    /// The key set has no key for the token (see `KeySet::find`).
+    #[error("{0}")]
+    Key(&'static str),
+    /// `exp` is past.
+    #[error("the token has expired")]
+    Expired,
+    /// `nbf` is ahead.
+    #[error("the token is not valid yet (nbf)")]
+    Immature,
+    /// `iss` is not `issuer`.
+    #[error("the token's issuer (iss) is not the one this gateway accepts")]
+    Issuer,
+    /// `aud` does not hold `audience`.
+    #[error("the token's audience (aud) is not this gateway's")]
+    Audience,
+    /// The signature does not verify.
+    #[error("the token's signature does not verify")]
+    Signature,
+    /// `alg` is not one of its key's family.
+    #[error("the token's algorithm (alg) is not one its key signs with")]
+    Algorithm,
+    /// A claim every token must carry (`exp`, `iss`, `aud`) is missing.
+    #[error("the token has no {0} claim")]
+    MissingClaim(String),
+    /// The claim that names the tenant is missing, empty or of another type.
+    #[error("the token has no {0} claim (a string or a number)")]
+    NoTenantClaim(String),
+    /// Any other fault.
+    #[error("the bearer token is not a valid JWT")]
+    Invalid,
+}
+
+impl TokenRefusal {
+    fn of(kind: &ErrorKind) -> Self {
+        match kind {
+            ErrorKind::ExpiredSignature => Self::Expired,
+            ErrorKind::ImmatureSignature => Self::Immature,
+            ErrorKind::InvalidIssuer => Self::Issuer,
+            ErrorKind::InvalidAudience => Self::Audience,
+            ErrorKind::InvalidSignature => Self::Signature,
+            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidKeyFormat => Self::Algorithm,
+            ErrorKind::MissingRequiredClaim(claim) => Self::MissingClaim(claim.clone()),
+            _ => Self::Invalid,
         }
-        ErrorKind::MissingRequiredClaim(claim) => format!("the token has no {claim} claim"),
-        _ => "the bearer token is not a valid JWT".into(),
     }
 }
