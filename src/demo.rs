@@ -61,7 +61,7 @@ pub fn webhook_route(toy: SocketAddr) -> RouteConfig {
         name: "stripe-demo".into(),
         prefix: "/webhooks/stripe".into(),
         upstream: format!("http://{toy}"),
-        methods: vec!["POST".into()],
+        methods: vec![Method::POST.into()],
         require_key: true,
         keep_host: false,
         ca_file: None,

@@ -41,7 +41,6 @@ mod surface;
 pub mod ui;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -57,7 +56,7 @@ use crate::gateway::{Disposition, Gateway};
 use crate::http::body::{ResponseBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use router::{GatewayRoutes, Route};
 use surface::Surface;
 
@@ -98,7 +97,8 @@ impl<S: Store> Admin<S> {
     }
 
     async fn ready(&self) -> Response<ResponseBody> {
-        let store = tokio::time::timeout(Duration::from_secs(2), self.gateway.store().ping()).await;
+        // Bounded as every store operation is: by `gateway.store_timeout`.
+        let store = tokio::time::timeout(self.gateway.store_timeout(), self.gateway.store().ping()).await;
         if let (Ok(Ok(())), Some(db)) = (&store, self.surface.outbox()) {
             return match outbox::ping(db).await {
                 true => json(StatusCode::OK, serde_json::json!({ "status": "ready", "store": "ok", "database": "ok" })),
@@ -156,8 +156,9 @@ impl<S: Store> Admin<S> {
             },
         };
         let store = self.gateway.store();
+        let limit = self.gateway.store_timeout();
         if purge {
-            return match store.purge(&scoped).await {
+            return match tokio::time::timeout(limit, store.purge(&scoped)).await.unwrap_or(Err(StoreError::Timeout)) {
                 Ok(true) => {
                     tracing::info!(key = scoped.log_id().as_str(), "admin purged a record");
                     Response::builder()
@@ -169,7 +170,7 @@ impl<S: Store> Admin<S> {
                 Err(_) => Problem::StoreUnavailable.to_response(),
             };
         }
-        match store.get(&scoped).await {
+        match tokio::time::timeout(limit, store.get(&scoped)).await.unwrap_or(Err(StoreError::Timeout)) {
             Ok(Some(record)) => json(StatusCode::OK, describe(&scoped, &record)),
             Ok(None) => Problem::NotFound.to_response(),
             Err(_) => Problem::StoreUnavailable.to_response(),

@@ -13,7 +13,6 @@ use crate::admin::AdminAccess;
 use crate::config::Config;
 use crate::gateway::routes::RouteTable;
 use crate::gateway::tenant::TenantSource;
-use crate::idempotency::StatusPolicy;
 use crate::store::AnyStore;
 use crate::store::sealing::Sealer;
 
@@ -25,8 +24,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
     AnyStore::check_url(config.store.expose())
         .map_err(|source| StartError::Store { url: config.store.redacted(), source })?;
     let g = &config.gateway;
-    RouteTable::from_config(&config.routes, &StatusPolicy { release: g.release_statuses.clone() }, g.on_unknown)
-        .map_err(crate::gateway::BuildError::from)?;
+    RouteTable::try_from(config).map_err(crate::gateway::BuildError::from)?;
     TenantSource::from_config(&g.tenant).map_err(crate::gateway::BuildError::from)?;
     if config.routes.is_empty() && config.destinations.is_empty() {
         return Err(StartError::Missing(NOTHING_TO_RUN));
@@ -35,10 +33,7 @@ pub fn check(config: &Config) -> Result<Vec<String>, StartError> {
         crate::http::tls::acceptor(cert, key)?;
     }
     AdminAccess::from_config(&config.admin)?;
-    if config.store.store_kind() == Some(crate::config::StoreKind::Redis) {
-        let url = config.store.expose();
-        warnings.extend(crate::store::redis::durability_warnings(url, g.store_timeout.0, g.lease.0));
-    }
+    warnings.extend(AnyStore::warnings(config.store.expose(), g.store_timeout.0, g.lease.0));
     warnings.extend(crate::outbox::check::check(config)?);
     Ok(warnings)
 }

@@ -179,7 +179,7 @@ pub async fn serve_on(
     let admin_task = tokio::spawn(crate::admin::serve(listeners.admin, admin, async {
         let _ = admin_stopped.await;
     }));
-    let limits = limits(config);
+    let limits = ServerLimits::from(&config.gateway);
     // Held until the listeners have stopped.
     let SharedListeners { listeners: gateway_listeners, claim: _claim } = listeners.gateway;
     let served = match config.runtime {
@@ -218,21 +218,6 @@ fn outbox_database(config: &Config) -> Result<Option<crate::postgres::Database>,
     let Some(url) = &config.relay.database_url else { return Ok(None) };
     let schema = crate::postgres::Schema::new(&config.relay.schema)?;
     Ok(Some(crate::postgres::Database::connect(url.expose(), 2, schema)?))
-}
-
-/// The listener limits a config sets.
-pub fn limits(config: &Config) -> ServerLimits {
-    let g = &config.gateway;
-    ServerLimits {
-        max_connections: g.max_connections,
-        header_read_timeout: g.header_read_timeout.0,
-        idle_timeout: g.idle_timeout.0,
-        max_streams_per_connection: g.max_streams_per_connection,
-        connection_body_budget: g.connection_body_budget.0,
-        connection_response_budget: g.connection_response_budget.0,
-        shutdown_grace: g.shutdown_grace.0,
-        send_timeout: g.send_timeout.0,
-    }
 }
 
 /// Installs the log subscriber: `RUST_LOG` wins over `log.level`. Text

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ByteSize, ConfigDuration, KeySource, TenantConfig, TenantQuota, WebhookConfig};
+use super::{
+    ByteSize, ConfigDuration, ConfigHeaderName, ConfigMethod, KeySource, TenantConfig, TenantQuota, WebhookConfig,
+};
 
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -95,11 +97,11 @@ pub struct GatewayConfig {
     /// Which key is forwarded upstream.
     pub forward_key: ForwardKey,
     /// Request headers that are part of the fingerprint.
-    pub fingerprint_headers: Vec<String>,
+    pub fingerprint_headers: Vec<ConfigHeaderName>,
     /// Canonicalise JSON bodies before fingerprinting.
     pub canonical_json: bool,
     /// Response headers never stored (hop-by-hop headers never are).
-    pub response_header_deny: Vec<String>,
+    pub response_header_deny: Vec<ConfigHeaderName>,
     /// Statuses below 500 that release the key instead of being stored.
     pub release_statuses: Vec<u16>,
     /// Limit on one store operation.
@@ -151,9 +153,9 @@ impl Default for GatewayConfig {
             tenant: TenantConfig::Authorization,
             tenant_quota: None,
             forward_key: ForwardKey::Original,
-            fingerprint_headers: vec!["content-type".into()],
+            fingerprint_headers: vec![http::header::CONTENT_TYPE.into()],
             canonical_json: true,
-            response_header_deny: vec!["date".into(), "set-cookie".into()],
+            response_header_deny: vec![http::header::DATE.into(), http::header::SET_COOKIE.into()],
             release_statuses: crate::idempotency::StatusPolicy::default().release,
             store_timeout: secs(2),
             header_read_timeout: secs(10),
@@ -186,7 +188,7 @@ pub struct RouteConfig {
     pub upstream: String,
     /// Guarded methods.
     #[serde(default = "default_methods")]
-    pub methods: Vec<String>,
+    pub methods: Vec<ConfigMethod>,
     /// A guarded request without a key gets `400`.
     #[serde(default)]
     pub require_key: bool,
@@ -239,8 +241,8 @@ pub(super) fn default_prefix() -> String {
     "/".into()
 }
 
-pub(super) fn default_methods() -> Vec<String> {
-    vec!["POST".into(), "PATCH".into()]
+pub(super) fn default_methods() -> Vec<ConfigMethod> {
+    vec![http::Method::POST.into(), http::Method::PATCH.into()]
 }
 
 pub(super) fn default_pool_idle_timeout() -> ConfigDuration {

@@ -10,12 +10,14 @@
 //! The files: [`load`](Config::load) (the layers), the sections
 //! (`gateway.rs`, `tenant.rs`, `relay.rs`, here the rest), `secret.rs` ([`Secret`],
 //! [`ServiceUrl`]), `scrub.rs` ([`Scrubber`]: the config's secrets taken
-//! out of texts from outside before they are stored or printed), `units.rs` (durations and sizes as people write them)
+//! out of texts from outside before they are stored or printed), `units.rs` (durations and sizes as people write them), `http_names.rs` (header
+//! names and methods, parsed into `http`'s types as the file is read)
 //! and `validate.rs`. Config is plain data: it calls nothing above the pure
 //! core, and what only a room's own code can check is that room's (see
 //! `crate::app::check`).
 
 mod gateway;
+mod http_names;
 mod load;
 mod quota;
 mod relay;
@@ -36,6 +38,7 @@ pub use gateway::{
     ConcurrentMode, DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, FailMode, ForwardKey, GatewayConfig, OnUnknown,
     RouteConfig,
 };
+pub use http_names::{ConfigHeaderName, ConfigMethod, NotAHeaderName, NotAMethod};
 pub use load::Overrides;
 pub use quota::{QuotaError, TenantQuota};
 pub use relay::{DestinationConfig, DestinationKind, RelayConfig, is_schema_name};

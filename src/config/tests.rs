@@ -425,3 +425,13 @@ fn the_configuration_reference_is_complete() {
         "docs/configuration.md: destinations.{name} is not at its defaults"
     );
 }
+
+/// `docs/stores.md` names every scheme the one table ([`STORE_SCHEMES`])
+/// accepts, as parsing, its errors and `--help` do.
+#[test]
+fn the_stores_page_names_every_store_scheme() {
+    let page = include_str!("../../docs/stores.md");
+    for (scheme, _) in super::STORE_SCHEMES {
+        assert!(page.contains(&format!("`{scheme}://")), "docs/stores.md lacks {scheme}://");
+    }
+}

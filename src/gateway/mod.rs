@@ -17,15 +17,21 @@
 //!
 //! [`server`] owns the listener and graceful shutdown; [`problem`] renders
 //! every error the gateway itself produces; [`tenant`] says whose key
-//! space a request's key lives in.
+//! space a request's key lives in. [`Policy`] (`policy.rs`) is `[gateway]`
+//! converted once, which every stage reads; each stage hands a `Reply`
+//! (`reply.rs`) back to the one above it. The guard makes every store call
+//! of the request path itself (`guard/store_calls.rs`), under the one
+//! store timeout.
 
 mod disposition;
 mod guard;
 pub mod headers;
 pub mod key;
 mod passthrough;
+mod policy;
 pub mod problem;
 pub mod recent;
+mod reply;
 pub mod request_log;
 pub mod rewrite;
 pub mod routes;
@@ -36,90 +42,22 @@ pub mod tenant;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::HeaderName;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use prometheus::{Histogram, IntCounter};
 use tokio_util::task::TaskTracker;
 
-use crate::config::{ConcurrentMode, Config, FailMode, ForwardKey};
+use crate::config::Config;
 use crate::http::body::ResponseBody;
 use crate::http::connection::ConnectionInfo;
-use crate::idempotency::{FingerprintPolicy, StatusPolicy};
-use crate::metrics::{Metrics, Series};
-use crate::store::{Store, StoreError};
+use crate::idempotency::FingerprintPolicy;
+use crate::metrics::Metrics;
+use crate::store::Store;
 pub use disposition::Disposition;
+pub use policy::Policy;
 use problem::Problem;
+use reply::{Handled, Reply};
 use routes::{Route, RouteTable};
 use tenant::TenantSource;
-
-/// A store operation of the request path, as the store metrics label it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StoreOp {
-    Begin,
-    Renew,
-    Complete,
-    Release,
-    Get,
-}
-
-impl StoreOp {
-    /// Every operation, in declaration order (`op as usize` is its slot).
-    const ALL: [Self; 5] = [Self::Begin, Self::Renew, Self::Complete, Self::Release, Self::Get];
-    const COUNT: usize = Self::ALL.len();
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Begin => "begin",
-            Self::Renew => "renew",
-            Self::Complete => "complete",
-            Self::Release => "release",
-            Self::Get => "get",
-        }
-    }
-}
-
-/// The store metrics' series per operation, looked up once each.
-#[derive(Default)]
-struct StoreSeries {
-    latency: Series<Histogram, { StoreOp::COUNT }>,
-    errors: Series<IntCounter, { StoreOp::COUNT }>,
-}
-
-/// Settings the request path reads, resolved once from [`Config`].
-#[derive(Debug, Clone)]
-pub struct Policy {
-    /// Retention of completed records.
-    pub key_ttl: Duration,
-    /// Lease of an in-flight attempt.
-    pub lease: Duration,
-    /// How long a client waits for its upstream answer.
-    pub upstream_timeout: Duration,
-    /// How long a guarded attempt may run before its outcome counts as unknown.
-    pub upstream_deadline: Duration,
-    /// Limit on receiving a request body (whole when guarded, per chunk when streamed).
-    pub request_body_timeout: Duration,
-    /// Largest accepted request body.
-    pub max_request_body: u64,
-    /// Largest response kept for replay.
-    pub max_stored_response: usize,
-    /// Store-down behaviour.
-    pub fail_mode: FailMode,
-    /// Duplicate-in-flight behaviour.
-    pub concurrent: ConcurrentMode,
-    /// Longest wait with `concurrent = "wait"`.
-    pub wait_timeout: Duration,
-    /// Key forwarded upstream.
-    pub forward_key: ForwardKey,
-    /// Limit on one store operation.
-    pub store_timeout: Duration,
-    /// Response headers never stored.
-    pub response_header_deny: Vec<HeaderName>,
-    /// Longest request target accepted.
-    pub max_uri_bytes: u64,
-    /// Most request header bytes accepted.
-    pub max_header_bytes: u64,
-}
 
 /// W3C Trace Context: read for the request log, forwarded unchanged.
 static TRACEPARENT: http::header::HeaderName = http::header::HeaderName::from_static("traceparent");
@@ -137,7 +75,7 @@ pub struct Gateway<S> {
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
     recent: Arc<recent::Recent>,
-    store_series: StoreSeries,
+    store_calls: guard::StoreCalls,
 }
 
 /// Why a gateway cannot be built from a config.
@@ -149,60 +87,23 @@ pub enum BuildError {
     /// The tenant source cannot be built (its key file, say).
     #[error(transparent)]
     Tenant(#[from] tenant::TenantSourceError),
-    /// A configured header name is not one.
-    #[error("{name:?}: {source}")]
-    HeaderName {
-        /// The name as configured.
-        name: String,
-        /// Why.
-        #[source]
-        source: http::header::InvalidHeaderName,
-    },
 }
 
 impl<S: Store> Gateway<S> {
-    /// Builds the gateway from a validated config.
+    /// Builds the gateway from a validated config: each runtime part
+    /// converted from its section once ([`Policy`], [`FingerprintPolicy`],
+    /// [`RouteTable`], [`TenantSource`]).
     pub fn new(config: &Config, store: S, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
-        let g = &config.gateway;
-        let header = |name: &String| {
-            HeaderName::from_bytes(name.as_bytes())
-                .map_err(|source| BuildError::HeaderName { name: name.clone(), source })
-        };
-        let routes = RouteTable::from_config(
-            &config.routes,
-            &StatusPolicy { release: g.release_statuses.clone() },
-            g.on_unknown,
-        )?;
-        let tenant = Arc::new(TenantSource::from_config(&g.tenant)?);
         Ok(Self {
             store,
-            routes,
-            policy: Policy {
-                key_ttl: g.key_ttl.0,
-                lease: g.lease.0,
-                upstream_timeout: g.upstream_timeout.0,
-                upstream_deadline: g.upstream_deadline.0,
-                request_body_timeout: g.request_body_timeout.0,
-                max_request_body: g.max_request_body.0,
-                max_stored_response: g.max_stored_response.bytes(),
-                fail_mode: g.fail_mode,
-                concurrent: g.concurrent,
-                wait_timeout: g.wait_timeout.0,
-                forward_key: g.forward_key,
-                store_timeout: g.store_timeout.0,
-                response_header_deny: g.response_header_deny.iter().map(header).collect::<Result<_, _>>()?,
-                max_uri_bytes: g.max_uri_bytes.0,
-                max_header_bytes: g.max_header_bytes.0,
-            },
-            tenant,
-            fingerprint: FingerprintPolicy {
-                headers: g.fingerprint_headers.iter().map(header).collect::<Result<_, _>>()?,
-                canonical_json: g.canonical_json,
-            },
+            routes: RouteTable::try_from(config)?,
+            policy: Policy::from(&config.gateway),
+            tenant: Arc::new(TenantSource::from_config(&config.gateway.tenant)?),
+            fingerprint: FingerprintPolicy::from(&config.gateway),
             tasks: TaskTracker::new(),
+            store_calls: guard::StoreCalls::new(config.gateway.store_timeout.0, metrics.clone()),
             metrics,
             recent: Arc::new(recent::Recent::new()),
-            store_series: StoreSeries::default(),
         })
     }
 
@@ -222,13 +123,19 @@ impl<S: Store> Gateway<S> {
             tasks: TaskTracker::new(),
             metrics: self.metrics.clone(),
             recent: self.recent.clone(),
-            store_series: StoreSeries::default(),
+            store_calls: self.store_calls.sibling(),
         }
     }
 
     /// The store (admin API, readiness).
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The one limit on a store operation (`gateway.store_timeout`): the
+    /// admin API bounds its own store calls by it too.
+    pub fn store_timeout(&self) -> Duration {
+        self.store_calls.timeout()
     }
 
     /// The metrics this gateway records.
@@ -279,37 +186,31 @@ impl<S: Store> Gateway<S> {
         }
     }
 
-    /// Handles one client request that arrived on `connection`.
+    /// Handles one client request that arrived on `connection`: the head
+    /// checks, the route, then [`Self::dispatch`]; every request ends in
+    /// [`Self::log`].
     pub async fn handle(
         self: &Arc<Self>,
         mut request: Request<Incoming>,
         connection: &ConnectionInfo,
     ) -> Response<ResponseBody> {
-        let started = Instant::now();
-        // Kept for the log line (32 bytes), read only when the line will be
-        // written; the header goes upstream unchanged.
-        let trace: Option<[u8; 32]> = tracing::enabled!(tracing::Level::INFO)
-            .then(|| request.headers().get(&TRACEPARENT))
-            .flatten()
-            .and_then(|v| crate::http::trace_context::trace_id(v.as_bytes()))
-            .and_then(|id| id.as_bytes().try_into().ok());
-        let at = (started, trace);
+        let arrival = Arrival::of(&request);
         if let Err(problem) = self.check_head(&request) {
-            return self.log(None, Disposition::BadHead, None, at, problem.to_response());
+            return self.log(None, Reply::problem(Disposition::BadHead, problem).into(), arrival);
         }
         let route = match spelling::route(&self.routes, &mut request) {
             Ok(Some(route)) => route,
-            Ok(None) => return self.log(None, Disposition::NoRoute, None, at, Problem::NoRoute.to_response()),
-            Err(problem) => return self.log(None, Disposition::Ambiguous, None, at, problem.to_response()),
+            Ok(None) => return self.log(None, Reply::problem(Disposition::NoRoute, Problem::NoRoute).into(), arrival),
+            Err(problem) => return self.log(None, Reply::problem(Disposition::Ambiguous, problem).into(), arrival),
         };
-        let (outcome, scoped, response) = self.dispatch(route, request, connection).await;
+        let Handled { reply, logged_key } = self.dispatch(route, request, connection).await;
         // A settled answer its client's connection has no room left for is
         // dropped now: its record holds it, and the retry replays it.
-        let (outcome, response) = match connection.response_budget.charge(response) {
-            Some(response) => (outcome, response),
-            None => (Disposition::ConnectionBusy, Problem::UnreadAnswers.to_response()),
+        let reply = match connection.response_budget.charge(reply.response) {
+            Some(response) => Reply::new(reply.disposition, response),
+            None => Reply::problem(Disposition::ConnectionBusy, Problem::UnreadAnswers),
         };
-        self.log(Some(route), outcome, scoped, at, response)
+        self.log(Some(route), Handled { reply, logged_key }, arrival)
     }
 
     /// The gateway's own limits on a request head, below hyper's, so that
@@ -326,22 +227,22 @@ impl<S: Store> Gateway<S> {
         Ok(())
     }
 
+    /// Unguarded requests to [`passthrough`], guarded ones to [`guard`].
     async fn dispatch(
         self: &Arc<Self>,
         route: &Arc<Route>,
         request: Request<Incoming>,
         connection: &ConnectionInfo,
-    ) -> (Disposition, Option<String>, Response<ResponseBody>) {
+    ) -> Handled {
         // Both paths boxed: hyper keeps a connection's in-flight future in a
         // slot it allocates once per connection, as large as this future, so
         // an inline path would cost every connection, busy or idle, its size.
         match spelling::judge_method(route, request.method(), request.headers()) {
             Ok(spelling::Judged::Guarded) => {}
             Ok(spelling::Judged::Unguarded) => {
-                let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
-                return (disposition, None, response);
+                return Box::pin(self.passthrough(route, request, connection)).await.into();
             }
-            Err(problem) => return (Disposition::Ambiguous, None, problem.to_response()),
+            Err(problem) => return Reply::problem(Disposition::Ambiguous, problem).into(),
         }
         // A key in the body, or a webhook delivery (verified before its
         // key is even looked at), is resolved by the guard after the read.
@@ -350,67 +251,31 @@ impl<S: Store> Gateway<S> {
         }
         match route.key.find(request.headers(), &[]) {
             Ok(Some(key)) => Box::pin(guard::run(self, route, request, Some(key), connection)).await,
-            Ok(None) if route.require_key => (Disposition::MissingKey, None, guard::missing_key(route).to_response()),
-            Ok(None) => {
-                let (disposition, response) = Box::pin(self.passthrough(route, request, connection)).await;
-                (disposition, None, response)
+            Ok(None) if route.require_key => {
+                Reply::problem(Disposition::MissingKey, Problem::missing_key(&route.key)).into()
             }
-            Err(e) => (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response()),
+            Ok(None) => Box::pin(self.passthrough(route, request, connection)).await.into(),
+            Err(e) => Reply::problem(Disposition::InvalidKey, Problem::InvalidKey(e)).into(),
         }
     }
 
-    /// Runs a store operation under the store timeout, and measures it.
-    async fn store_call<T>(
-        &self,
-        op: StoreOp,
-        operation: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        self.store_call_within(op, self.policy.store_timeout, operation).await
-    }
-
-    /// [`Self::store_call`] bounded by `limit` instead of `store_timeout`.
-    async fn store_call_within<T>(
-        &self,
-        op: StoreOp,
-        limit: Duration,
-        operation: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let result = tokio::time::timeout(limit, operation).await.unwrap_or(Err(StoreError::Timeout));
-        let series = &self.store_series;
-        let latency = series.latency.get(op as usize, || self.metrics.store_latency.with_label_values(&[op.as_str()]));
-        latency.observe(started.elapsed().as_secs_f64());
-        if let Err(error) = &result {
-            series.errors.get(op as usize, || self.metrics.store_errors.with_label_values(&[op.as_str()])).inc();
-            if matches!(error, StoreError::Unreplicated { .. }) {
-                self.metrics.store_unreplicated.with_label_values(&[op.as_str()]).inc();
-            }
-        }
-        result
-    }
-
-    fn log(
-        &self,
-        route: Option<&Route>,
-        outcome: Disposition,
-        scoped: Option<String>,
-        (started, trace): (Instant, Option<[u8; 32]>),
-        response: Response<ResponseBody>,
-    ) -> Response<ResponseBody> {
+    /// Counts and logs a handled request; its response goes to the client.
+    fn log(&self, route: Option<&Route>, handled: Handled, arrival: Arrival) -> Response<ResponseBody> {
+        let Handled { reply: Reply { disposition, response }, logged_key } = handled;
         match route {
-            Some(route) => route.count_request(&self.metrics, outcome),
-            None => self.metrics.requests.with_label_values(&["-", outcome.as_str()]).inc(),
+            Some(route) => route.count_request(&self.metrics, disposition),
+            None => self.metrics.requests.with_label_values(&["-", disposition.as_str()]).inc(),
         }
-        self.recent.record(outcome);
+        self.recent.record(disposition);
         // Only the scoped hash of a key is ever logged, never the key itself.
         if tracing::enabled!(tracing::Level::INFO) {
             let line = request_log::Line {
                 route: route.map_or("-", |r| r.name.as_str()),
-                outcome: outcome.as_str(),
+                outcome: disposition.as_str(),
                 status: response.status().as_u16(),
-                key: scoped.as_deref().unwrap_or("-"),
-                trace_id: trace.as_ref().and_then(|id| std::str::from_utf8(id).ok()).unwrap_or("-"),
-                latency_us: started.elapsed().as_micros() as u64,
+                key: logged_key.as_deref().unwrap_or("-"),
+                trace_id: arrival.trace.as_ref().and_then(|id| std::str::from_utf8(id).ok()).unwrap_or("-"),
+                latency_us: arrival.started.elapsed().as_micros() as u64,
             };
             request_log::emit(&line);
         }
@@ -418,18 +283,22 @@ impl<S: Store> Gateway<S> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::StoreOp;
+/// When a request arrived, and its trace id for the log line.
+struct Arrival {
+    started: Instant,
+    /// Kept (32 bytes) only when the line will be written; the header
+    /// goes upstream unchanged.
+    trace: Option<[u8; 32]>,
+}
 
-    #[test]
-    fn every_store_operation_has_its_own_metric_slot() {
-        for (slot, op) in StoreOp::ALL.into_iter().enumerate() {
-            assert_eq!(op as usize, slot, "{}", op.as_str());
-            // Exhaustive: a new operation fails to compile here; give it a slot in ALL too.
-            match op {
-                StoreOp::Begin | StoreOp::Renew | StoreOp::Complete | StoreOp::Release | StoreOp::Get => {}
-            }
-        }
+impl Arrival {
+    fn of(request: &Request<Incoming>) -> Self {
+        let started = Instant::now();
+        let trace = tracing::enabled!(tracing::Level::INFO)
+            .then(|| request.headers().get(&TRACEPARENT))
+            .flatten()
+            .and_then(|v| crate::http::trace_context::trace_id(v.as_bytes()))
+            .and_then(|id| id.as_bytes().try_into().ok());
+        Self { started, trace }
     }
 }

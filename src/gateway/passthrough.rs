@@ -9,8 +9,9 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::problem::Problem;
+use super::reply::Reply;
 use super::routes::Route;
-use super::{Disposition, Gateway, guard, headers, rewrite};
+use super::{Disposition, Gateway, headers, rewrite};
 use crate::http::body::{ResponseBody, boxed};
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::Paced;
@@ -27,7 +28,7 @@ impl<S: Store> Gateway<S> {
         route: &Route,
         request: Request<Incoming>,
         connection: &ConnectionInfo,
-    ) -> (Disposition, Response<ResponseBody>) {
+    ) -> Reply {
         let (parts, body) = request.into_parts();
         let body = match http_body::Body::is_end_stream(&body) {
             true => boxed(body),
@@ -44,12 +45,12 @@ impl<S: Store> Gateway<S> {
         parts: http::request::Parts,
         body: ResponseBody,
         connection: &ConnectionInfo,
-    ) -> (Disposition, Response<ResponseBody>) {
+    ) -> Reply {
         let request = match rewrite::rewrite(route, parts, body, &connection.client, None) {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "cannot rewrite request");
-                return (Disposition::UpstreamError, Problem::Internal.to_response());
+                return Reply::problem(Disposition::UpstreamError, Problem::Internal);
             }
         };
         let sent = Instant::now();
@@ -62,11 +63,11 @@ impl<S: Store> Gateway<S> {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::clean_response_head(&mut parts);
-                (Disposition::Passthrough, Response::from_parts(parts, boxed(body)))
+                Reply::new(Disposition::Passthrough, Response::from_parts(parts, boxed(body)))
             }
             Err(e) => {
                 tracing::warn!(route = %route.name, error = %e, "upstream failed");
-                (Disposition::UpstreamError, guard::unguarded_problem(&e))
+                Reply::problem(Disposition::UpstreamError, Problem::unguarded(&e))
             }
         }
     }

@@ -10,8 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
+use super::key::KeySource;
 use super::spelling::Ambiguity;
 use crate::http::body::{ResponseBody, full};
+use crate::http::client::UpstreamError;
 use crate::idempotency::{KeyError, TenantError};
 use crate::store::QuotaLimit;
 use crate::webhook::{Failure, FailureKind};
@@ -140,6 +142,22 @@ impl From<Failure> for Problem {
 }
 
 impl Problem {
+    /// A guarded request without a key where its route requires one.
+    pub fn missing_key(source: &KeySource) -> Self {
+        match source {
+            KeySource::IdempotencyKey => Self::MissingKey,
+            source => Self::MissingKeyIn(source.describe()),
+        }
+    }
+
+    /// A request forwarded without a record whose upstream call failed.
+    pub fn unguarded(error: &UpstreamError) -> Self {
+        match error {
+            UpstreamError::TimedOut(_) => Self::UpstreamTimeout { still_running: false },
+            error => Self::UnguardedUpstreamFailed { sent: error.may_have_been_sent() },
+        }
+    }
+
     /// The stable last segment of the `type` URI.
     pub fn slug(&self) -> &'static str {
         match self {

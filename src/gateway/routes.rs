@@ -1,4 +1,8 @@
 //! The route table: path prefix → upstream and policy. First match wins.
+//!
+//! Built from the config once, by `RouteTable::try_from(&config)`: each
+//! `[[routes]]` table with the `[gateway]` defaults it does not override;
+//! the methods come parsed from the config, so nothing here re-checks them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +15,7 @@ use prometheus::{Histogram, IntCounter};
 
 use super::Disposition;
 use super::key::KeySource;
-use crate::config::{OnUnknown, RouteConfig, check_upstream_url};
+use crate::config::{Config, GatewayConfig, OnUnknown, RouteConfig, check_upstream_url};
 use crate::http::client::Upstream;
 use crate::idempotency::{StatusPolicy, Tenant};
 use crate::metrics::{Metrics, Series};
@@ -192,38 +196,30 @@ pub enum RouteError {
         #[source]
         source: crate::webhook::SecretError,
     },
-    /// A guarded method is not an HTTP method.
-    #[error("route {route:?}: {source}")]
-    Method {
-        /// The route.
-        route: String,
-        /// Why.
-        #[source]
-        source: http::method::InvalidMethod,
-    },
+}
+
+/// What a route takes from `[gateway]` unless it sets its own.
+struct RouteDefaults {
+    status_policy: StatusPolicy,
+    on_unknown: OnUnknown,
+}
+
+impl From<&GatewayConfig> for RouteDefaults {
+    fn from(g: &GatewayConfig) -> Self {
+        Self { status_policy: StatusPolicy { release: g.release_statuses.clone() }, on_unknown: g.on_unknown }
+    }
 }
 
 impl Route {
     /// Compiles a validated route config.
-    pub fn from_config(
-        config: &RouteConfig,
-        default_policy: &StatusPolicy,
-        default_on_unknown: OnUnknown,
-    ) -> Result<Self, RouteError> {
+    fn compile(config: &RouteConfig, defaults: &RouteDefaults) -> Result<Self, RouteError> {
         let uri = check_upstream_url(&config.upstream).map_err(RouteError::Upstream)?;
         let route = || config.name.clone();
         let upstream =
             Upstream::new(&uri, config.ca_file.as_deref(), config.max_connections, config.pool_idle_timeout.0)
                 .map_err(|source| RouteError::Client { route: route(), source })?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
-        let methods = config
-            .methods
-            .iter()
-            .map(|m| {
-                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|source| RouteError::Method { route: route(), source })
-            })
-            .collect::<Result<_, _>>()?;
+        let methods = config.methods.iter().map(|method| method.0.clone()).collect();
         let key = KeySource::from_config(&config.key_source())
             .map_err(|source| RouteError::KeyHeader { route: route(), source })?;
         let webhook = match &config.webhook {
@@ -246,8 +242,8 @@ impl Route {
                 .release_statuses
                 .clone()
                 .map(|release| StatusPolicy { release })
-                .unwrap_or_else(|| default_policy.clone()),
-            on_unknown: config.on_unknown.unwrap_or(default_on_unknown),
+                .unwrap_or_else(|| defaults.status_policy.clone()),
+            on_unknown: config.on_unknown.unwrap_or(defaults.on_unknown),
             upstream,
             latency: LatencyEstimate::default(),
             metrics: RouteMetrics::default(),
@@ -276,6 +272,18 @@ impl Route {
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable(Vec<Arc<Route>>);
 
+impl TryFrom<&Config> for RouteTable {
+    type Error = RouteError;
+
+    /// Compiles every route of a validated config, each with the
+    /// `[gateway]` defaults it does not override.
+    fn try_from(config: &Config) -> Result<Self, RouteError> {
+        let defaults = RouteDefaults::from(&config.gateway);
+        let compile = |route| Route::compile(route, &defaults).map(Arc::new);
+        config.routes.iter().map(compile).collect::<Result<_, _>>().map(Self)
+    }
+}
+
 impl RouteTable {
     /// The same routes, each with an upstream pool of its own that shares
     /// this one's connection slots ([`Upstream::sibling`]): one
@@ -284,19 +292,6 @@ impl RouteTable {
     pub(super) fn sibling(&self) -> Self {
         let route = |route: &Arc<Route>| Arc::new(Route { upstream: route.upstream.sibling(), ..Route::clone(route) });
         Self(self.0.iter().map(route).collect())
-    }
-
-    /// Compiles every route.
-    pub fn from_config(
-        routes: &[RouteConfig],
-        default_policy: &StatusPolicy,
-        default_on_unknown: OnUnknown,
-    ) -> Result<Self, RouteError> {
-        routes
-            .iter()
-            .map(|r| Route::from_config(r, default_policy, default_on_unknown).map(Arc::new))
-            .collect::<Result<_, _>>()
-            .map(Self)
     }
 
     /// The first route whose prefix matches `path`.
@@ -334,7 +329,7 @@ mod tests {
             name: name.into(),
             prefix: prefix.into(),
             upstream: upstream.into(),
-            methods: vec!["POST".into(), "patch".into()],
+            methods: vec![Method::POST.into(), "patch".to_owned().try_into().unwrap()],
             require_key: false,
             keep_host: false,
             ca_file: None,
@@ -350,12 +345,14 @@ mod tests {
 
     #[test]
     fn the_first_matching_prefix_wins_and_paths_join_the_base() {
-        let table = RouteTable::from_config(
-            &[route("pay", "/v1/pay", "http://127.0.0.1:9000/api/"), route("all", "/", "http://127.0.0.1:9001")],
-            &StatusPolicy::default(),
-            OnUnknown::Hold,
-        )
-        .unwrap();
+        let config = Config {
+            routes: vec![
+                route("pay", "/v1/pay", "http://127.0.0.1:9000/api/"),
+                route("all", "/", "http://127.0.0.1:9001"),
+            ],
+            ..Config::default()
+        };
+        let table = RouteTable::try_from(&config).unwrap();
         let pay = table.find("/v1/payments").unwrap();
         assert_eq!(pay.name, "pay");
         assert_eq!(pay.upstream_uri(&"/v1/payments?x=1".parse().unwrap()).unwrap(), "/api/v1/payments?x=1");

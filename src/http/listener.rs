@@ -43,54 +43,9 @@ use super::connection::{Activity, ClientInfo, ConnectionInfo};
 use super::request_body::BodyBudget;
 
 mod binding;
+mod limits;
 pub use binding::{BindError, Claim, SharedListeners, bind, bind_shared};
-
-/// Limits of a listener.
-#[derive(Debug, Clone)]
-pub struct ServerLimits {
-    /// Open connections at most.
-    pub max_connections: usize,
-    /// Time allowed for a TLS handshake, a new connection's first request
-    /// head, and each HTTP/1.1 request's headers.
-    pub header_read_timeout: Duration,
-    /// A connection with no request in flight this long is closed.
-    pub idle_timeout: Duration,
-    /// Concurrent HTTP/2 streams per connection.
-    pub max_streams_per_connection: u32,
-    /// Request-body bytes one connection may hold buffered at once.
-    pub connection_body_budget: u64,
-    /// Bytes of settled answers one connection may hold for its client
-    /// ([`super::sending`]).
-    pub connection_response_budget: u64,
-    /// Time allowed for in-flight work after shutdown starts.
-    pub shutdown_grace: Duration,
-    /// A connection with a large response that its client has not taken a
-    /// slice of for this long is dropped ([`super::sending`]).
-    pub send_timeout: Duration,
-}
-
-impl ServerLimits {
-    /// Limits for an internal listener (admin, relay admin, demo): small
-    /// requests from few clients, no drain worth waiting for.
-    pub fn internal() -> Self {
-        Self {
-            max_connections: 256,
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_streams_per_connection: 16,
-            connection_body_budget: 1 << 20,
-            connection_response_budget: 16 << 20,
-            shutdown_grace: Duration::ZERO,
-            send_timeout: Duration::from_secs(30),
-        }
-    }
-
-    /// The `max_connections` slots open connections hold: one set for all
-    /// the listeners that share the limit.
-    pub fn connection_slots(&self) -> Arc<Semaphore> {
-        Arc::new(Semaphore::new(self.max_connections))
-    }
-}
+pub use limits::ServerLimits;
 
 /// The one accept loop: serves `handle` on every connection of `listener`
 /// under `limits` until `shutdown` resolves, then lets open connections

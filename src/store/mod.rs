@@ -32,6 +32,11 @@
 //!   rows only, so there a takeover is checked like a new key.
 //! - Time is the store's own clock (Redis `TIME`, Postgres `now()`), so
 //!   gateways with skewed clocks still agree on leases.
+//! - A backend does not time its operations: the caller bounds each one,
+//!   once and end to end (reconnects, retries and `WAIT` included), by
+//!   `gateway.store_timeout` (the gateway's guard and its admin API). A
+//!   URL's `timeout=` bounds only connecting, where no caller is waiting
+//!   (and, on a Redis Cluster, one node's reply). See `docs/stores.md`.
 //!
 //! Backends: [`memory::MemoryStore`] (embedded, one process),
 //! [`redis::RedisStore`] (Redis, Redis behind Sentinel, and Redis Cluster) and
@@ -236,6 +241,26 @@ impl AnyStore {
             Some(StoreKind::Postgres) => postgres::check_url(url),
             None => Err(unsupported(url)),
         }
+    }
+
+    /// What `check-config` warns of in a store URL that `open` accepts:
+    /// a `timeout=` that no longer bounds operations, and Redis durability
+    /// settings the topology or the timeouts cannot meet.
+    pub fn warnings(url: &str, store_timeout: Duration, lease: Duration) -> Vec<String> {
+        let kind = StoreKind::of(url);
+        let mut warnings = Vec::new();
+        if matches!(kind, Some(StoreKind::Redis | StoreKind::Postgres)) && url_options(url).any(|(n, _)| n == "timeout")
+        {
+            warnings.push(format!(
+                "store: the URL's timeout= bounds only connecting; each store operation is bounded by \
+                 gateway.store_timeout = {}",
+                crate::config::ConfigDuration(store_timeout)
+            ));
+        }
+        if matches!(kind, Some(StoreKind::Redis)) {
+            warnings.extend(redis::durability_warnings(url, store_timeout, lease));
+        }
+        warnings
     }
 
     /// A short name of the backend, for logs.

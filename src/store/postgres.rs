@@ -45,8 +45,10 @@
 //! holder committed, where two statements racing without it could each
 //! count the other's key as free.
 //!
-//! URL: `postgres://user:pass@host:port/db?pool_size=16&timeout=2s&schema=idemgate`
-//! (`postgresql://` too); other query options go to the driver, TLS ones
+//! URL: `postgres://user:pass@host:port/db?pool_size=16&schema=idemgate`
+//! (`postgresql://` too); `timeout=` bounds connecting (the driver's
+//! `connect_timeout`, which it sets). Operations are not timed here: the
+//! caller bounds each one once (`gateway.store_timeout`). Other query options go to the driver, TLS ones
 //! (`sslmode`, `sslrootcert`) through [`crate::postgres::tls`]. `schema`
 //! (default `idemgate`) lets tests, or several gateways with separate key
 //! spaces, share one database.
@@ -160,7 +162,6 @@ DELETE FROM idemgate.gateway_keys WHERE key IN (
 pub struct PostgresStore {
     codec: RecordCodec,
     db: Arc<Database>,
-    timeout: Duration,
     quota: Option<TenantQuota>,
 }
 
@@ -189,7 +190,6 @@ fn millis(d: Duration) -> i64 {
 /// serves `open` and the config check (`AnyStore::check_url`).
 struct Settings {
     pool_size: usize,
-    timeout: Duration,
     schema: Schema,
     endpoint: Endpoint,
 }
@@ -198,7 +198,7 @@ impl Settings {
     fn parse(url: &str) -> Result<Self, StoreError> {
         let (base, _) = url.split_once('?').unwrap_or((url, ""));
         let mut pool_size = 16;
-        let mut timeout = Duration::from_secs(2);
+        let mut connect_timeout = None;
         let mut schema = Schema::default();
         let mut passthrough = Vec::new();
         for (name, value) in url_options(url) {
@@ -208,8 +208,11 @@ impl Settings {
                         StoreError::InvalidUrl(format!("pool_size={value:?} is not a positive number"))
                     })?
                 }
+                // Before gateway.store_timeout bounded each operation, this
+                // did; it now bounds connecting, where no caller waits.
                 "timeout" => {
-                    timeout = value.parse::<ConfigDuration>().map_err(|e| StoreError::InvalidUrl(e.to_string()))?.0
+                    let timeout = value.parse::<ConfigDuration>().map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+                    connect_timeout = Some(timeout.0)
                 }
                 "schema" => schema = Schema::new(value).map_err(from_outbox)?,
                 _ => passthrough.push(format!("{name}={value}")),
@@ -217,8 +220,11 @@ impl Settings {
         }
         let driver_url =
             if passthrough.is_empty() { base.to_string() } else { format!("{base}?{}", passthrough.join("&")) };
-        let endpoint = Endpoint::parse(&driver_url).map_err(from_outbox)?;
-        Ok(Self { pool_size, timeout, schema, endpoint })
+        let mut endpoint = Endpoint::parse(&driver_url).map_err(from_outbox)?;
+        if let Some(timeout) = connect_timeout {
+            endpoint.config.connect_timeout(timeout);
+        }
+        Ok(Self { pool_size, schema, endpoint })
     }
 }
 
@@ -230,13 +236,13 @@ pub fn check_url(url: &str) -> Result<(), StoreError> {
 impl PostgresStore {
     /// Connects, applies the migrations, and starts the cleanup task.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let Settings { pool_size, timeout, schema, endpoint } = Settings::parse(url)?;
+        let Settings { pool_size, schema, endpoint } = Settings::parse(url)?;
         let db = Database::open(endpoint.clone(), pool_size, schema).map_err(from_outbox)?;
         let mut client = migrate::connect_to(&endpoint).await.map_err(from_outbox)?;
         migrate::run(&mut client, &db.schema).await.map_err(from_outbox)?;
         let db = Arc::new(db);
         tokio::spawn(cleanup(Arc::downgrade(&db)));
-        Ok(Self { codec: RecordCodec::new("postgres record"), db, timeout, quota: None })
+        Ok(Self { codec: RecordCodec::new("postgres record"), db, quota: None })
     }
 
     /// Enforces `quota` per tenant from now on (see the module docs).
@@ -273,21 +279,14 @@ impl PostgresStore {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         let lock_id = i32::from_be_bytes([key.tenant().0[0], key.tenant().0[1], key.tenant().0[2], key.tenant().0[3]]);
-        self.within_timeout(async {
-            let mut client = self.db.pool.get().await.map_err(unavailable)?;
-            let transaction = client.transaction().await.map_err(unavailable)?;
-            let lock = transaction.prepare_cached(&self.db.schema.sql(TENANT_LOCK)).await.map_err(unavailable)?;
-            transaction.execute(&lock, &[&lock_id]).await.map_err(unavailable)?;
-            let begin = transaction.prepare_cached(&self.db.schema.sql(BEGIN_IN_QUOTA)).await.map_err(unavailable)?;
-            let rows = transaction.query(&begin, params).await.map_err(unavailable)?;
-            transaction.commit().await.map_err(unavailable)?;
-            Ok(rows)
-        })
-        .await
-    }
-
-    async fn within_timeout<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, work).await.unwrap_or(Err(StoreError::Timeout))
+        let mut client = self.db.pool.get().await.map_err(unavailable)?;
+        let transaction = client.transaction().await.map_err(unavailable)?;
+        let lock = transaction.prepare_cached(&self.db.schema.sql(TENANT_LOCK)).await.map_err(unavailable)?;
+        transaction.execute(&lock, &[&lock_id]).await.map_err(unavailable)?;
+        let begin = transaction.prepare_cached(&self.db.schema.sql(BEGIN_IN_QUOTA)).await.map_err(unavailable)?;
+        let rows = transaction.query(&begin, params).await.map_err(unavailable)?;
+        transaction.commit().await.map_err(unavailable)?;
+        Ok(rows)
     }
 
     async fn execute(
@@ -295,11 +294,8 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<u64, StoreError> {
-        self.within_timeout(async {
-            let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
-            client.execute(&statement, params).await.map_err(unavailable)
-        })
-        .await
+        let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
+        client.execute(&statement, params).await.map_err(unavailable)
     }
 
     async fn query(
@@ -307,11 +303,8 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        self.within_timeout(async {
-            let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
-            client.query(&statement, params).await.map_err(unavailable)
-        })
-        .await
+        let (client, statement) = self.db.prepare(sql).await.map_err(from_outbox)?;
+        client.query(&statement, params).await.map_err(unavailable)
     }
 }
 
@@ -424,10 +417,7 @@ impl Store for PostgresStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.within_timeout(async {
-            let client = self.db.pool.get().await.map_err(unavailable)?;
-            client.simple_query("SELECT 1").await.map(drop).map_err(unavailable)
-        })
-        .await
+        let client = self.db.pool.get().await.map_err(unavailable)?;
+        client.simple_query("SELECT 1").await.map(drop).map_err(unavailable)
     }
 }

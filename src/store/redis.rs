@@ -36,17 +36,18 @@
 //! connections (`ConnectionManager`, the pending `ClusterConnection`), so a
 //! gateway that starts at the same moment as its Redis heals by itself.
 //! Until a connection is made every operation fails with
-//! [`StoreError::Unavailable`] (or [`StoreError::Timeout`]) within the store
-//! timeout, which the gateway turns into its fail mode, and `/readyz`
-//! into "not ready". On a Cluster, [`Store::ping`] (readiness) holds only
+//! [`StoreError::Unavailable`] (or, at the caller's `gateway.store_timeout`,
+//! [`StoreError::Timeout`]), which the gateway turns into its fail mode,
+//! and `/readyz` into "not ready". The store does not time its operations
+//! itself: the caller bounds each one once, end to end. On a Cluster, [`Store::ping`] (readiness) holds only
 //! while every slot has a master and every master answers (`readiness`).
 //!
 //! URLs: `redis://host:port/db`, `rediss://host:port/db` (TLS, rustls),
 //! `redis+cluster://host1:port1,host2:port2`, `rediss+cluster://…`, and
 //! `redis+sentinel://s1:p1,s2:p2/SERVICE[/db]` / `rediss+sentinel://…`, a
 //! primary found and followed through Sentinels (`sentinel`).
-//! Options in the query: `prefix=` (default `idemgate:`), `timeout=` per
-//! operation (default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
+//! Options in the query: `prefix=` (default `idemgate:`), `timeout=` for
+//! connecting (and, on a Cluster, one node's reply; default `2s`), `ca_file=` (PEM; with TLS, trust exactly these
 //! CAs instead of the bundled Mozilla roots), `wait_replicas=N` and
 //! `wait_timeout=D` (`durability`), `sentinel_password=` (`options`).
 
@@ -104,7 +105,6 @@ pub struct RedisStore {
     connection: Connection,
     scripts: Scripts,
     prefix: String,
-    timeout: Duration,
     durability: Option<Durability>,
     quota: Option<TenantQuota>,
 }
@@ -124,7 +124,10 @@ impl RedisStore {
                 }
                 let client = builder.build().map_err(invalid)?;
                 // The pending connection takes its timeouts from this config (a
-                // builder's response timeout would be reset to none).
+                // builder's response timeout would be reset to none). The
+                // response timeout lets the cluster client give up on one node
+                // and refresh its slots within an operation; the operation as
+                // a whole is bounded by its caller.
                 let config = ClusterConfig::new().set_connection_timeout(timeout).set_response_timeout(timeout);
                 Connection::Cluster(client.get_pending_async_connection_with_config(config))
             }
@@ -137,8 +140,9 @@ impl RedisStore {
                     Some(certificates) => redis::Client::build_with_tls(info, certificates).map_err(invalid)?,
                     None => redis::Client::open(info).map_err(invalid)?,
                 };
-                // No response timeout in the client: every call is bounded once,
-                // in `bounded`, and a second timer per call only costs. One try
+                // No response timeout in the client: the caller bounds every
+                // operation once (`gateway.store_timeout`), and a second timer
+                // per call only costs. One try
                 // per connect attempt: while Redis is down, each failed call
                 // starts the next attempt (one at a time, shared by concurrent
                 // calls), so a call fails at once instead of waiting out a
@@ -151,14 +155,17 @@ impl RedisStore {
             }
         };
         let codec = RecordCodec::new("redis record");
-        let store = Self { codec, connection, scripts: Scripts::new(false), prefix, timeout, durability, quota: None };
+        let store = Self { codec, connection, scripts: Scripts::new(false), prefix, durability, quota: None };
         // One attempt now, so an outage at start is logged where it is seen;
-        // a failed attempt also starts the connection's own reconnect.
-        if let Err(e) = store.ping().await {
+        // a failed attempt also starts the connection's own reconnect. No
+        // caller bounds this call, so `timeout=` does: a frozen server
+        // must not hold up the start.
+        let ping = tokio::time::timeout(timeout, store.ping()).await.unwrap_or(Err(StoreError::Timeout));
+        if let Err(e) = ping {
             let url = crate::config::ServiceUrl::new(url).redacted();
             tracing::warn!(store = %url, error = %e, "redis store not ready at start; trying again with each operation");
         } else if let Some(durability) = store.durability {
-            store.warn_if_too_few_replicas(durability, url).await;
+            let _ = tokio::time::timeout(timeout, store.warn_if_too_few_replicas(durability, url)).await;
         }
         Ok(store)
     }
@@ -234,7 +241,7 @@ impl RedisStore {
     /// a node that does not have it yet.
     async fn run<T: FromRedisValue>(&self, script: &Script, cmd: Cmd) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.within_timeout(async {
+        self.answered(async {
             let mut loaded = false;
             loop {
                 let result = match cmd.query_async(&mut connection).await {
@@ -261,7 +268,7 @@ impl RedisStore {
         };
         let mut connection = self.connection.clone();
         let (reply, acknowledged) =
-            self.within_timeout(durability::write_then_wait(&mut connection, script, &cmd, wanted)).await?;
+            self.answered(durability::write_then_wait(&mut connection, script, &cmd, wanted)).await?;
         let replicated = match acknowledged >= i64::from(wanted.replicas) {
             true => Replicated::Yes,
             false => Replicated::Short(durability::unreplicated(acknowledged, wanted)),
@@ -271,7 +278,7 @@ impl RedisStore {
 
     async fn command<T: FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
         let mut connection = self.connection.clone();
-        self.within_timeout(async {
+        self.answered(async {
             match cmd.query_async(&mut connection).await {
                 Err(e) if connection.never_sent(&e) => cmd.query_async(&mut connection).await,
                 result => result,
@@ -280,15 +287,14 @@ impl RedisStore {
         .await
     }
 
-    /// One Redis call under the store timeout.
-    async fn within_timeout<T, E: std::error::Error + Send + Sync + 'static>(
+    /// One Redis call, its error as the store's. Not timed here: the
+    /// caller bounds each store operation once, end to end, retries and
+    /// reconnects included (`gateway.store_timeout`, see `docs/stores.md`).
+    async fn answered<T, E: std::error::Error + Send + Sync + 'static>(
         &self,
         call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map_err(|e| StoreError::Unavailable(Box::new(e))),
-            Err(_) => Err(StoreError::Timeout),
-        }
+        call.await.map_err(|e| StoreError::Unavailable(Box::new(e)))
     }
 }
 
@@ -424,9 +430,7 @@ impl Store for RedisStore {
                 self.command::<String>(redis::cmd("PING")).await.map(drop)
             }
             // Not the crate's own PING to all masters: it answers with one dead.
-            Connection::Cluster(cluster) => {
-                self.within_timeout(readiness::every_master_answers(&mut cluster.clone())).await
-            }
+            Connection::Cluster(cluster) => self.answered(readiness::every_master_answers(&mut cluster.clone())).await,
         }
     }
 }

@@ -154,6 +154,24 @@ fn a_sentinel_store_without_wait_replicas_and_a_wait_the_timeouts_leave_no_room_
     assert!(!warnings.contains("add ?wait_replicas=1"), "{warnings}");
 }
 
+/// A URL's `timeout=` from before `gateway.store_timeout` bounded every
+/// store operation keeps loading, and says what it bounds now.
+#[test]
+fn a_store_url_timeout_is_accepted_and_said_to_bound_only_connecting() {
+    for store in ["redis://127.0.0.1:6379/0?timeout=500ms", "postgres://app@127.0.0.1:5432/app?timeout=2s"] {
+        let file = ConfigFile::new(&format!("store = \"{store}\"\n[gateway]\nstore_timeout = \"700ms\"\n{ROUTE}"));
+        let output = check_config(&file);
+        assert!(output.status.success(), "{store}: {}", stderr(&output));
+        let warnings = stderr(&output);
+        assert!(
+            warnings.contains("timeout= bounds only connecting") && warnings.contains("gateway.store_timeout = 700ms"),
+            "{store}: {warnings}"
+        );
+    }
+    let without = ConfigFile::new(&format!("store = \"redis://127.0.0.1:6379/0\"\n{ROUTE}"));
+    assert!(!stderr(&check_config(&without)).contains("timeout="));
+}
+
 /// A typo next to a secret: a value without its quotes, a string without
 /// its closing quote. The error gives the line, the column and what was
 /// expected, and neither output shows the line, so not the secret either.

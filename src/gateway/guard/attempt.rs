@@ -1,6 +1,8 @@
-//! One acquired attempt: forward, wait for the answer (the client at most
-//! `upstream_timeout`, the attempt until `upstream_deadline`), renew the
-//! lease meanwhile, apply the settlement rule and settle the record.
+//! One guarded request's forward. Acquired: forward, wait for the answer
+//! (the client at most `upstream_timeout`, the attempt until
+//! `upstream_deadline`), renew the lease meanwhile, apply the settlement
+//! rule and settle the record. Store down at begin: refuse, or forward
+//! without a record (`fail_mode`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -12,14 +14,15 @@ use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
-use super::Answer;
 use super::rules::{self, Settle};
-use crate::config::ForwardKey;
+use super::store_calls::StoreOp;
+use crate::config::{FailMode, ForwardKey};
 use crate::gateway::headers::{clean_response_head, headers_to_store};
 use crate::gateway::problem::Problem;
+use crate::gateway::reply::Reply;
 use crate::gateway::rewrite::rewrite;
 use crate::gateway::routes::Route;
-use crate::gateway::{Disposition, Gateway, StoreOp};
+use crate::gateway::{Disposition, Gateway};
 use crate::http::body::{Prefixed, ResponseBody, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
@@ -31,7 +34,7 @@ use crate::lease::{Abandoned, Lease, Renewal, SettleBounds, Settlement};
 use crate::store::{Store, StoreError};
 
 /// An upstream response whose body was read up to the stored-response cap.
-pub(super) struct Buffered {
+struct Buffered {
     head: response::Parts,
     prefix: Bytes,
     /// The unread rest when the body was larger than the cap.
@@ -41,13 +44,23 @@ pub(super) struct Buffered {
 /// How a forward ended. Lives for one match, so the size difference
 /// between its variants costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Forward {
+enum Forward {
     Answered(Buffered),
     /// The upstream failed; `status` is set when a head had arrived first.
     Failed {
         status: Option<StatusCode>,
         error: UpstreamError,
     },
+}
+
+/// What an ended forward comes to ([`Attempt::conclude`]).
+struct Conclusion {
+    /// What the record becomes.
+    settle: Settle,
+    /// The response the record keeps for replay, if any.
+    stored: Option<StoredResponse>,
+    /// What the client hears.
+    reply: Reply,
 }
 
 /// One guarded request's dealings with the store and the upstream.
@@ -75,7 +88,7 @@ impl<S: Store> Attempt<S> {
         parts: http::request::Parts,
         body: BufferedBody,
         begun_at: Instant,
-        reply: oneshot::Sender<Answer>,
+        reply: oneshot::Sender<Reply>,
         _running: OwnedSemaphorePermit,
     ) {
         let policy = &self.gateway.policy;
@@ -98,7 +111,7 @@ impl<S: Store> Attempt<S> {
                             key = self.hashed.as_deref(),
                             "the upstream is slower than upstream_timeout: answering 504, the attempt goes on"
                         );
-                        answer(&mut reply, (Disposition::TimedOut, Problem::UpstreamTimeout { still_running: true }));
+                        answer(&mut reply, Disposition::TimedOut, Problem::UpstreamTimeout { still_running: true });
                         // The deadline's timer only starts now: the common,
                         // fast path pays for one timer, not two.
                         let rest = policy.upstream_deadline.saturating_sub(policy.upstream_timeout);
@@ -112,22 +125,22 @@ impl<S: Store> Attempt<S> {
             Err(error) => Forward::Failed { status: None, error },
         };
         drop(body);
-        let (settle, stored, outcome, mut response) = self.conclude(forward);
+        let Conclusion { settle, stored, reply: mut conclusion } = self.conclude(forward);
         let kept = stored.is_some();
         if self.settle(&mut lease, begun_at, settle, stored).await && kept {
             // The record holds this answer: a retry replays it.
-            mark_settled(&mut response);
+            mark_settled(&mut conclusion.response);
         }
         if reply.is_none() {
             tracing::info!(
                 route = %self.route.name,
                 key = self.hashed.as_deref(),
-                outcome = outcome.as_str(),
+                outcome = conclusion.disposition.as_str(),
                 "a late upstream answer settled its record"
             );
         }
         if let Some(reply) = reply {
-            let _ = reply.send((outcome, response));
+            let _ = reply.send(conclusion);
         }
     }
 
@@ -141,7 +154,7 @@ impl<S: Store> Attempt<S> {
 
     /// Sends the request and reads the body up to the cap; the caller
     /// bounds how long that may take.
-    pub(super) async fn forward(&self, request: Request<ResponseBody>) -> Forward {
+    async fn forward(&self, request: Request<ResponseBody>) -> Forward {
         let policy = &self.gateway.policy;
         let cap = policy.max_stored_response;
         let mut status = None;
@@ -183,7 +196,7 @@ impl<S: Store> Attempt<S> {
 
     /// What the record becomes ([`rules`]), the record's response, what
     /// the client hears.
-    fn conclude(&self, forward: Forward) -> (Settle, Option<StoredResponse>, Disposition, Response<ResponseBody>) {
+    fn conclude(&self, forward: Forward) -> Conclusion {
         let route = &self.route;
         match forward {
             Forward::Answered(buffered) => {
@@ -195,15 +208,48 @@ impl<S: Store> Attempt<S> {
                     headers: headers_to_store(&buffered.head.headers, &self.gateway.policy.response_header_deny).into(),
                     body: buffered.prefix.clone(),
                 });
-                (settle, stored, outcome, respond(buffered))
+                Conclusion { settle, stored, reply: Reply::new(outcome, respond(buffered)) }
             }
             Forward::Failed { status, error } => {
                 tracing::warn!(route = %route.name, key = self.hashed.as_deref(), error = %error, "upstream failed");
                 let status = status.map(|s| s.as_u16());
                 let (settle, outcome, problem) =
                     rules::settle_failure(status, error.may_have_been_sent(), &route.status_policy, route.on_unknown);
-                (settle, None, outcome, problem.to_response())
+                Conclusion { settle, stored: None, reply: Reply::problem(outcome, problem) }
             }
+        }
+    }
+
+    /// The store failed at begin: refuse (`fail_mode = "closed"`) or
+    /// forward without a record (`"open"`). A begin the replicas did not
+    /// acknowledge (`wait_replicas`) is refused either way: the store is up
+    /// and was asked for durability, and forwarding without it would give
+    /// up exactly what was asked for.
+    pub(super) async fn store_down(self, error: StoreError, parts: http::request::Parts, body: BufferedBody) -> Reply {
+        tracing::warn!(key = self.hashed.as_deref(), error = %error, "store unavailable");
+        let unreplicated = matches!(error, StoreError::Unreplicated { .. });
+        match self.gateway.policy.fail_mode {
+            _ if unreplicated => Reply::problem(Disposition::StoreError, Problem::StoreUnavailable),
+            FailMode::Closed => Reply::problem(Disposition::StoreError, Problem::StoreUnavailable),
+            FailMode::Open => {
+                let response = match rewrite(&self.route, parts, full(body.bytes.clone()), &self.client, None) {
+                    Ok(request) => match self.forward_unguarded(request).await {
+                        Forward::Answered(buffered) => respond(buffered),
+                        Forward::Failed { error, .. } => Problem::unguarded(&error).to_response(),
+                    },
+                    Err(_) => Problem::Internal.to_response(),
+                };
+                Reply::new(Disposition::FailOpen, response)
+            }
+        }
+    }
+
+    /// Fail-open forwarding: no record, so the client's own wait bounds it.
+    async fn forward_unguarded(&self, request: Request<ResponseBody>) -> Forward {
+        let timeout = self.gateway.policy.upstream_timeout;
+        match tokio::time::timeout(timeout, self.forward(request)).await {
+            Ok(forward) => forward,
+            Err(_) => Forward::Failed { status: None, error: UpstreamError::TimedOut(timeout) },
         }
     }
 
@@ -211,7 +257,7 @@ impl<S: Store> Attempt<S> {
     async fn renewing<T>(&self, lease: &mut Lease, work: impl Future<Output = T>) -> T {
         let gateway = &self.gateway;
         let length = gateway.policy.lease;
-        let renew = || gateway.store_call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_calls.call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
         let observe = |renewal: &Renewal<StoreError>| match renewal {
             Renewal::Renewed => {}
             Renewal::Lost => {
@@ -256,16 +302,18 @@ impl<S: Store> Attempt<S> {
             match completion {
                 Some(completion) => {
                     let complete = store.complete(&self.scoped, &self.fingerprint, self.fence, completion, ttl);
-                    gateway.store_call_within(operation, limit, complete).await
+                    gateway.store_calls.call_within(operation, limit, complete).await
                 }
-                None => gateway.store_call_within(operation, limit, store.release(&self.scoped, self.fence)).await,
+                None => {
+                    gateway.store_calls.call_within(operation, limit, store.release(&self.scoped, self.fence)).await
+                }
             }
         };
-        let renew = || gateway.store_call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
+        let renew = || gateway.store_calls.call(StoreOp::Renew, gateway.store.renew(&self.scoped, self.fence, length));
         // A release that does not land leaves the record to its lease, which
         // is all a late release could achieve: only a completion goes on.
         let until = completion.is_some().then_some(begun_at + gateway.policy.upstream_deadline);
-        let bounds = SettleBounds { one_try: gateway.policy.store_timeout, until };
+        let bounds = SettleBounds { one_try: gateway.store_calls.timeout(), until };
         let mut settling = Settling { attempt: self, lapsed: false };
         let settled = lease.settle(bounds, try_settle, renew, &mut settling).await;
         let lapsed = settling.lapsed;
@@ -335,15 +383,15 @@ impl<S: Store> Settlement<StoreError> for &mut Settling<'_, S> {
     }
 }
 
-/// Sends `answer` to the waiting client, once.
-fn answer(reply: &mut Option<oneshot::Sender<Answer>>, (outcome, problem): (Disposition, Problem)) {
+/// Sends a problem to the waiting client, once.
+fn answer(reply: &mut Option<oneshot::Sender<Reply>>, disposition: Disposition, problem: Problem) {
     if let Some(reply) = reply.take() {
-        let _ = reply.send((outcome, problem.to_response()));
+        let _ = reply.send(Reply::problem(disposition, problem));
     }
 }
 
 /// The client's response: the buffered head and prefix, then any unread rest.
-pub(super) fn respond(buffered: Buffered) -> Response<ResponseBody> {
+fn respond(buffered: Buffered) -> Response<ResponseBody> {
     let body = match buffered.rest {
         Some(rest) => boxed(Prefixed::new(buffered.prefix, rest)),
         None => full(buffered.prefix),

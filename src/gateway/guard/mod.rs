@@ -29,6 +29,12 @@
 //!    settle goes on under its fence until `upstream_deadline`: the store
 //!    refuses it if another attempt took over, and takes it otherwise;
 //! 5. the client's disconnect cannot cancel steps 3 and 4.
+//!
+//! The files, one a stage: this one (read, verify, key, tenant, begin),
+//! `existing.rs` (a key that has a record), `attempt.rs` (an acquired
+//! attempt, and fail-open forwarding), `rules.rs` (what they decide, as
+//! plain functions) and `store_calls.rs` (every store call of the guard,
+//! under the one store timeout).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU16;
@@ -40,25 +46,25 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::key::KeySource;
 use super::problem::Problem;
+use super::reply::{Handled, Reply};
 use super::routes::{Delivery, Route};
-use super::{Disposition, Gateway, StoreOp};
+use super::{Disposition, Gateway};
 use crate::http::body::{ResponseBody, full};
-use crate::http::client::UpstreamError;
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::{BodyError, linger, read_whole};
 use crate::idempotency::{Fence, Fingerprint, IdempotencyKey, ScopedKey, TenantError};
 use crate::store::{Begin, Store};
 use crate::webhook::FailureKind;
 use attempt::Attempt;
+use existing::Existing;
+pub(super) use store_calls::StoreCalls;
+use store_calls::StoreOp;
 
 mod attempt;
 mod existing;
 mod rules;
-
-type Guarded = (Disposition, Option<String>, Response<ResponseBody>);
-pub(super) type Answer = (Disposition, Response<ResponseBody>);
+mod store_calls;
 
 /// Guards one request: one that carries a key in its head, or (`key`
 /// `None`) one whose key is found after its body is read and verified.
@@ -68,11 +74,11 @@ pub(super) async fn run<S: Store>(
     request: Request<Incoming>,
     key: Option<IdempotencyKey>,
     connection: &ConnectionInfo,
-) -> Guarded {
+) -> Handled {
     // Taken before anything is read or recorded, and held by an acquired
     // attempt until it has settled, whatever happens to the stream.
     let Ok(running) = connection.running.clone().try_acquire_owned() else {
-        return (Disposition::ConnectionBusy, None, Problem::ConnectionBusy.to_response());
+        return Reply::problem(Disposition::ConnectionBusy, Problem::ConnectionBusy).into();
     };
     let policy = &gateway.policy;
     let (parts, mut body) = request.into_parts();
@@ -89,7 +95,7 @@ pub(super) async fn run<S: Store>(
     };
     let body = match read {
         Ok(body) => body,
-        Err(error) => return (Disposition::BadBody, None, refuse_body(error, body, parts.version)),
+        Err(error) => return Reply::new(Disposition::BadBody, refuse_body(error, body, parts.version)).into(),
     };
     if let Some(webhook) = &route.webhook
         && let Err(failure) = webhook.verifier.verify(&parts.headers, &body.bytes, SystemTime::now())
@@ -99,58 +105,35 @@ pub(super) async fn run<S: Store>(
             FailureKind::Timestamp => (Disposition::WebhookTimestamp, Delivery::TimestampFailed),
         };
         route.count_delivery(&gateway.metrics, delivery, Some(failure.reason));
-        return (outcome, None, Problem::from(failure).to_response());
+        return Reply::problem(outcome, Problem::from(failure)).into();
     }
     let key = match key.map_or_else(|| route.key.find(&parts.headers, &body.bytes), |key| Ok(Some(key))) {
         Ok(Some(key)) => key,
         Ok(None) if route.require_key || route.webhook.is_some() => {
             count_verified(gateway, route, Disposition::MissingKey);
-            return (Disposition::MissingKey, None, missing_key(route).to_response());
+            return Reply::problem(Disposition::MissingKey, Problem::missing_key(&route.key)).into();
         }
         // A key in the body that is not there: forwarded as a request
         // without a key is, from the body already read.
         Ok(None) => {
             drop(running);
-            let (outcome, response) =
-                Box::pin(gateway.forward_unguarded(route, parts, full(body.bytes), connection)).await;
-            return (outcome, None, response);
+            return Box::pin(gateway.forward_unguarded(route, parts, full(body.bytes), connection)).await.into();
         }
         Err(e) => {
             count_verified(gateway, route, Disposition::InvalidKey);
-            return (Disposition::InvalidKey, None, Problem::InvalidKey(e).to_response());
+            return Reply::problem(Disposition::InvalidKey, Problem::InvalidKey(e)).into();
         }
     };
-    let fingerprint_of = |parts: &http::request::Parts| {
-        gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, &body.bytes)
-    };
-    let (scoped, fingerprint) = match &route.webhook {
-        Some(webhook) => {
-            let fingerprint = match webhook.id_is_signed {
-                true => Fingerprint::of_event(&key),
-                false => fingerprint_of(&parts),
-            };
-            (ScopedKey::for_route(&webhook.tenant, &route.name, &key), fingerprint)
-        }
-        None => {
-            let tenant = match gateway.tenant.tenant_of(&parts.headers) {
-                Ok(tenant) => tenant,
-                Err(TenantError::Unauthenticated { challenge, why }) => {
-                    let problem = Problem::Unauthenticated { challenge, why };
-                    return (Disposition::Unauthenticated, None, problem.to_response());
-                }
-                Err(e) => return (Disposition::AmbiguousTenant, None, Problem::AmbiguousTenant(e).to_response()),
-            };
-            let scoped = match route.key.route_scoped() {
-                true => ScopedKey::for_route(&tenant, &route.name, &key),
-                false => ScopedKey::new(&tenant, &key),
-            };
-            (scoped, fingerprint_of(&parts))
-        }
+    let Scoped { key: scoped, fingerprint } = match scope(gateway, route, &parts, &key, &body.bytes) {
+        Ok(scoped) => scoped,
+        Err(reply) => return reply.into(),
     };
     let hashed = Some(scoped.log_id());
     let fence = Fence::random();
-    let begin =
-        gateway.store_call(StoreOp::Begin, gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease)).await;
+    let begin = gateway
+        .store_calls
+        .call(StoreOp::Begin, gateway.store.try_begin(&scoped, &fingerprint, fence, policy.lease))
+        .await;
     let begun_at = Instant::now();
     let attempt = Attempt {
         gateway: gateway.clone(),
@@ -162,7 +145,7 @@ pub(super) async fn run<S: Store>(
         hashed: hashed.clone(),
         head_status: AtomicU16::new(0),
     };
-    let (outcome, response) = match begin {
+    let reply = match begin {
         Ok(Begin::Acquired { took_over }) => {
             if took_over {
                 gateway.metrics.lease_takeovers.inc();
@@ -174,20 +157,63 @@ pub(super) async fn run<S: Store>(
             // Boxed, because a task's cell holds its future inline and tokio
             // moves that cell (kilobytes here) several times per spawn.
             gateway.tasks.spawn(Box::pin(attempt.run(parts, body, begun_at, reply, running)));
-            answer.await.unwrap_or_else(|_| (Disposition::UpstreamError, Problem::Internal.to_response()))
+            answer.await.unwrap_or_else(|_| Reply::problem(Disposition::UpstreamError, Problem::Internal))
         }
-        Ok(Begin::Existing(record)) => attempt.answer_existing(record, &fingerprint).await,
+        Ok(Begin::Existing(record)) => {
+            let existing = Existing { gateway, route, scoped: &attempt.scoped, hashed: attempt.hashed.as_deref() };
+            existing.answer(record, &attempt.fingerprint).await
+        }
         Ok(Begin::OverQuota(limit)) => {
             gateway.metrics.tenant_quota_refusals.with_label_values(&[limit.as_str()]).inc();
-            let problem = Problem::TenantQuota(limit);
-            (Disposition::TenantQuota, problem.to_response())
+            Reply::problem(Disposition::TenantQuota, Problem::TenantQuota(limit))
         }
         // Boxed: the store-down path (a whole unguarded forward) is rare,
         // and inline it would size every guarded request's future.
         Err(e) => Box::pin(attempt.store_down(e, parts, body)).await,
     };
-    count_verified(gateway, route, outcome);
-    (outcome, hashed, response)
+    count_verified(gateway, route, reply.disposition);
+    Handled { reply, logged_key: hashed }
+}
+
+/// A guarded request's key in its key space, and what makes two requests
+/// with that key the same one.
+struct Scoped {
+    key: ScopedKey,
+    fingerprint: Fingerprint,
+}
+
+/// Scopes `key`: a webhook delivery's to its route (the fingerprint its
+/// event id where the signature covers it), any other's to its tenant.
+/// The refusal is the reply itself: it is returned at once, so a box would
+/// only allocate.
+#[allow(clippy::result_large_err)]
+fn scope<S>(
+    gateway: &Gateway<S>,
+    route: &Route,
+    parts: &http::request::Parts,
+    key: &IdempotencyKey,
+    body: &[u8],
+) -> Result<Scoped, Reply> {
+    let fingerprint_of = || gateway.fingerprint.fingerprint(&parts.method, &parts.uri, &parts.headers, body);
+    if let Some(webhook) = &route.webhook {
+        let fingerprint = match webhook.id_is_signed {
+            true => Fingerprint::of_event(key),
+            false => fingerprint_of(),
+        };
+        return Ok(Scoped { key: ScopedKey::for_route(&webhook.tenant, &route.name, key), fingerprint });
+    }
+    let tenant = match gateway.tenant.tenant_of(&parts.headers) {
+        Ok(tenant) => tenant,
+        Err(TenantError::Unauthenticated { challenge, why }) => {
+            return Err(Reply::problem(Disposition::Unauthenticated, Problem::Unauthenticated { challenge, why }));
+        }
+        Err(e) => return Err(Reply::problem(Disposition::AmbiguousTenant, Problem::AmbiguousTenant(e))),
+    };
+    let key = match route.key.route_scoped() {
+        true => ScopedKey::for_route(&tenant, &route.name, key),
+        false => ScopedKey::new(&tenant, key),
+    };
+    Ok(Scoped { key, fingerprint: fingerprint_of() })
 }
 
 /// Counts a verified webhook delivery: replayed when the store answered it.
@@ -195,14 +221,6 @@ fn count_verified<S: Store>(gateway: &Gateway<S>, route: &Route, outcome: Dispos
     if route.webhook.is_some() {
         let delivery = if outcome == Disposition::Replayed { Delivery::Replayed } else { Delivery::Verified };
         route.count_delivery(&gateway.metrics, delivery, None);
-    }
-}
-
-/// The problem for a guarded request without a key where one is required.
-pub(super) fn missing_key(route: &Route) -> Problem {
-    match route.key {
-        KeySource::IdempotencyKey => Problem::MissingKey,
-        ref source => Problem::MissingKeyIn(source.describe()),
     }
 }
 
@@ -222,13 +240,5 @@ fn refuse_body(error: BodyError, body: Incoming, version: Version) -> Response<R
         }
         BodyError::TimedOut(_) => Problem::BodyTimeout.to_response(),
         BodyError::Broken(_) => Problem::BadRequestBody.to_response(),
-    }
-}
-
-/// The problem for a request forwarded without a record.
-pub(super) fn unguarded_problem(error: &UpstreamError) -> Response<ResponseBody> {
-    match error {
-        UpstreamError::TimedOut(_) => Problem::UpstreamTimeout { still_running: false }.to_response(),
-        error => Problem::UnguardedUpstreamFailed { sent: error.may_have_been_sent() }.to_response(),
     }
 }

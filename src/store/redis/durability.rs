@@ -77,7 +77,7 @@ impl RedisStore {
     pub(super) async fn warn_if_too_few_replicas(&self, durability: Durability, url: &str) {
         let primaries = match &self.connection {
             Connection::Cluster(cluster) => {
-                let asked = self.within_timeout(readiness::replication_of_masters(&mut cluster.clone())).await;
+                let asked = self.answered(readiness::replication_of_masters(&mut cluster.clone())).await;
                 let Ok(masters) = asked else { return };
                 masters.into_iter().map(|(address, info)| (Some(address), info)).collect()
             }
@@ -124,11 +124,11 @@ pub fn durability_warnings(url: &str, store_timeout: Duration, lease: Duration) 
         ),
         (None, Topology::Single(_)) => {}
         (Some(durability), _) => {
-            let bound = options.timeout.min(store_timeout);
-            if durability.timeout >= bound {
+            if durability.timeout >= store_timeout {
                 warnings.push(format!(
-                    "store: wait_timeout = {:?} is not shorter than the store timeout ({bound:?}): a write the replicas \
-                     do not acknowledge times out instead of being refused; lower wait_timeout",
+                    "store: wait_timeout = {:?} is not shorter than the store timeout (gateway.store_timeout = \
+                     {store_timeout:?}): a write the replicas do not acknowledge times out instead of being refused; \
+                     lower wait_timeout",
                     durability.timeout
                 ));
             }

@@ -75,6 +75,8 @@ impl std::fmt::Debug for SentinelTarget {
 pub(super) struct Options {
     pub(super) topology: Topology,
     pub(super) prefix: String,
+    /// `timeout`: the longest a connect may take (and, on a Cluster, one
+    /// node's reply). Not an operation's limit: `gateway.store_timeout` is.
     pub(super) timeout: Duration,
     pub(super) certificates: Option<TlsCertificates>,
     pub(super) durability: Option<Durability>,
@@ -245,6 +247,25 @@ mod tests {
             "redis://h:1/0?wait_replicas=1&wait_timeout=0s",
         ] {
             assert!(matches!(Options::parse(url), Err(StoreError::InvalidUrl(_))), "{url}");
+        }
+    }
+
+    /// Every Redis scheme of the config's one table (`STORE_SCHEMES`) is
+    /// a topology here: `+cluster` a Cluster, `+sentinel` Sentinels, the
+    /// rest one server.
+    #[test]
+    fn every_redis_scheme_of_the_config_has_its_topology() {
+        use crate::config::{STORE_SCHEMES, StoreKind};
+        for (scheme, _) in STORE_SCHEMES.iter().filter(|(_, kind)| *kind == StoreKind::Redis) {
+            let topology = parse(&format!("{scheme}://127.0.0.1:6379/mymaster")).topology;
+            let fits = match &topology {
+                Topology::Cluster(_) => scheme.ends_with("+cluster"),
+                Topology::Sentinel(target) => {
+                    scheme.ends_with("+sentinel") && target.tls == scheme.starts_with("rediss")
+                }
+                Topology::Single(_) => !scheme.contains('+'),
+            };
+            assert!(fits, "{scheme}: {topology:?}");
         }
     }
 
