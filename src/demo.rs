@@ -27,7 +27,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
 use crate::config::{AdminAuth, Config, ConfigDuration, RouteConfig, Scheme, Secret, StoreKind, WebhookConfig};
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::http::listener::serve_internal;
 
 /// The longest wait `slow_ms` may ask for.
@@ -80,7 +80,7 @@ pub fn webhook_route(toy: SocketAddr) -> RouteConfig {
     }
 }
 
-async fn answer(request: Request<Incoming>, counts: Arc<Counts>) -> Response<ResponseBody> {
+async fn answer(request: Request<Incoming>, counts: Arc<Counts>) -> Response<BoxedBody> {
     let charges = &counts.charges;
     let (parts, body) = request.into_parts();
     let Ok(body) = body.collect().await.map(|collected| collected.to_bytes()) else {
@@ -109,7 +109,7 @@ async fn answer(request: Request<Incoming>, counts: Arc<Counts>) -> Response<Res
     }
 }
 
-async fn charge(body: &[u8], wait: Duration, charges: &AtomicU64) -> Response<ResponseBody> {
+async fn charge(body: &[u8], wait: Duration, charges: &AtomicU64) -> Response<BoxedBody> {
     tokio::time::sleep(wait).await;
     let amount = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v.get("amount").cloned());
     let performed = charges.fetch_add(1, Ordering::SeqCst) + 1;
@@ -149,7 +149,7 @@ fn slow_ms(query: Option<&str>) -> Result<Duration, SlowMsError> {
     }
 }
 
-fn json(status: StatusCode, value: &serde_json::Value) -> Response<ResponseBody> {
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<BoxedBody> {
     let mut response = Response::new(full(Bytes::from(format!("{value}\n"))));
     *response.status_mut() = status;
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));

@@ -53,7 +53,7 @@ pub use router::ROUTES;
 use crate::gateway::problem::Problem;
 use crate::gateway::recent::Minute;
 use crate::gateway::{Disposition, Gateway};
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
 use crate::store::{Store, StoreError};
@@ -86,7 +86,7 @@ impl<S: Store> Admin<S> {
     }
 
     /// Handles one admin request.
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<BoxedBody> {
         match self.surface.admit(&request) {
             Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
             Ok(Route::Readiness) => self.ready().await,
@@ -96,7 +96,7 @@ impl<S: Store> Admin<S> {
         }
     }
 
-    async fn ready(&self) -> Response<ResponseBody> {
+    async fn ready(&self) -> Response<BoxedBody> {
         // Bounded as every store operation is: by `gateway.store_timeout`.
         let store = tokio::time::timeout(self.gateway.store_timeout(), self.gateway.store().ping()).await;
         if let (Ok(Ok(())), Some(db)) = (&store, self.surface.outbox()) {
@@ -124,7 +124,7 @@ impl<S: Store> Admin<S> {
     }
 
     /// Inspects (or, with `purge`, deletes) one tenant's record of a key.
-    async fn key(&self, request: &Request<Incoming>, raw_key: &str, purge: bool) -> Response<ResponseBody> {
+    async fn key(&self, request: &Request<Incoming>, raw_key: &str, purge: bool) -> Response<BoxedBody> {
         let decoded = match query::percent_decode(raw_key) {
             Some(decoded) => decoded,
             None => return Problem::BadAdminRequest("the key is not valid percent-encoded UTF-8".into()).to_response(),
@@ -222,7 +222,7 @@ fn describe(scoped: &ScopedKey, record: &Record) -> serde_json::Value {
     }
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response<ResponseBody> {
+fn json(status: StatusCode, value: serde_json::Value) -> Response<BoxedBody> {
     let mut response = Response::new(full(serde_json::to_vec(&value).unwrap_or_default()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

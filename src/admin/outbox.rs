@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 
 use super::{json, query};
 use crate::gateway::problem::Problem;
-use crate::http::body::ResponseBody;
+use crate::http::body::BoxedBody;
 use crate::outbox::dead::{self, DeadQuery};
 use crate::outbox::{OutboxError, census, claim};
 use crate::postgres::Database;
@@ -77,7 +77,7 @@ fn unix_ms(time: std::time::SystemTime) -> Option<u64> {
 
 /// `GET /admin/outbox/dead?limit=N&offset=M&destination=D`: one page of
 /// dead rows, oldest death first, each with the rows it holds back.
-pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>) -> Response<ResponseBody> {
+pub(super) async fn list_dead(db: Option<&Database>, request: &Request<Incoming>) -> Response<BoxedBody> {
     let query = match dead_query(request) {
         Ok(query) => query,
         Err(problem) => return problem.to_response(),
@@ -130,7 +130,7 @@ pub(super) async fn destinations(
     db: Option<&Database>,
     configured: &[String],
     request: &Request<Incoming>,
-) -> Response<ResponseBody> {
+) -> Response<BoxedBody> {
     let (db, limit) = match census_request(db, configured, request) {
         Ok(found) => found,
         Err(problem) => return problem.to_response(),
@@ -177,7 +177,7 @@ pub(super) async fn list_unroutable(
     db: Option<&Database>,
     configured: &[String],
     request: &Request<Incoming>,
-) -> Response<ResponseBody> {
+) -> Response<BoxedBody> {
     let (db, limit) = match census_request(db, configured, request) {
         Ok(found) => found,
         Err(problem) => return problem.to_response(),
@@ -201,7 +201,7 @@ pub(super) async fn list_unroutable(
 }
 
 /// `POST /admin/outbox/dead/{id}/redrive` (`id = Some`) or `POST /admin/outbox/redrive`.
-pub(super) async fn redrive(db: Option<&Database>, id: Option<&str>) -> Response<ResponseBody> {
+pub(super) async fn redrive(db: Option<&Database>, id: Option<&str>) -> Response<BoxedBody> {
     let id = match id.map(str::parse::<i64>) {
         None => None,
         Some(Ok(id)) if id > 0 => Some(id),

@@ -17,7 +17,7 @@ use super::router::{GatewayRoutes, Route};
 use super::surface::Surface;
 use super::{AdminAccess, json, outbox};
 use crate::gateway::problem::Problem;
-use crate::http::body::ResponseBody;
+use crate::http::body::BoxedBody;
 use crate::metrics::Metrics;
 use crate::outbox::relay::Readiness;
 use crate::postgres::Database;
@@ -45,7 +45,7 @@ impl RelayAdmin {
         Self { db, readiness, surface }
     }
 
-    async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+    async fn handle(&self, request: Request<Incoming>) -> Response<BoxedBody> {
         match self.surface.admit(&request) {
             Ok(Route::Shared(route)) => self.surface.answer(route, &request).await,
             Ok(Route::Readiness) => self.ready().await,
@@ -57,7 +57,7 @@ impl RelayAdmin {
 
     /// Ready: the database answers, and the relay has checked its schema
     /// (it waits for a database that was down at start).
-    async fn ready(&self) -> Response<ResponseBody> {
+    async fn ready(&self) -> Response<BoxedBody> {
         let database = if outbox::ping(&self.db).await { "ok" } else { "unavailable" };
         let relay = if self.readiness.is_ready() { "running" } else { "starting" };
         let (status, state) = match (database, relay) {

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use super::router::{self, GatewayRoutes, Route, SharedRoute};
 use super::{AdminAccess, browser, json, outbox, ui};
 use crate::gateway::problem::Problem;
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::metrics::Metrics;
 use crate::postgres::Database;
 
@@ -62,7 +62,7 @@ impl Surface {
     }
 
     /// Answers a route both listeners serve.
-    pub(super) async fn answer(&self, route: SharedRoute<'_>, request: &Request<Incoming>) -> Response<ResponseBody> {
+    pub(super) async fn answer(&self, route: SharedRoute<'_>, request: &Request<Incoming>) -> Response<BoxedBody> {
         let outbox = self.outbox.as_ref();
         match route {
             SharedRoute::Liveness => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),

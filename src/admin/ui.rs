@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::gateway::problem::Problem;
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 
 /// The Content-Security-Policy of every console response.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -43,7 +43,7 @@ pub const FILES: &[(&str, &str, &str)] = &[
 ];
 
 /// Answers `GET /admin/ui/{name}` (`Some`) or `GET /admin/ui` (`None`).
-pub(super) fn answer(name: Option<&str>) -> Response<ResponseBody> {
+pub(super) fn answer(name: Option<&str>) -> Response<BoxedBody> {
     let mut response = match name {
         None => {
             let mut response = Response::new(full(Bytes::new()));

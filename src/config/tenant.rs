@@ -33,8 +33,8 @@ pub enum TenantConfig {
     #[default]
     Authorization,
     /// `{ header = "x-tenant-id" }`: the value of a header that a trusted
-    /// auth proxy sets.
-    Header(String),
+    /// auth proxy sets (parsed once, as the config is read).
+    Header(http::HeaderName),
     /// `{ fixed = "default" }`: one tenant for every request.
     Fixed(String),
     /// `{ basic_user = true }`: the user name of a `Basic` credential, not
@@ -153,10 +153,10 @@ impl TryFrom<TenantFields> for TenantConfig {
             }
             Self::Authorization
         } else if let Some(header) = fields.header.take() {
-            if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                return Err(TenantConfigError::Header(header));
+            match http::HeaderName::from_bytes(header.as_bytes()) {
+                Ok(name) => Self::Header(name),
+                Err(_) => return Err(TenantConfigError::Header(header)),
             }
-            Self::Header(header)
         } else if let Some(fixed) = fields.fixed.take() {
             Self::Fixed(fixed)
         } else if let Some(basic_user) = fields.basic_user.take() {
@@ -207,7 +207,7 @@ impl From<TenantConfig> for TenantFields {
     fn from(config: TenantConfig) -> Self {
         match config {
             TenantConfig::Authorization => Self { from: Some("authorization".into()), ..Self::default() },
-            TenantConfig::Header(header) => Self { header: Some(header), ..Self::default() },
+            TenantConfig::Header(header) => Self { header: Some(header.as_str().to_owned()), ..Self::default() },
             TenantConfig::Fixed(fixed) => Self { fixed: Some(fixed), ..Self::default() },
             TenantConfig::BasicUser => Self { basic_user: Some(true), ..Self::default() },
             TenantConfig::JwtClaim(jwt) => {
@@ -243,7 +243,10 @@ mod tests {
     #[test]
     fn each_kind_is_named_by_its_own_field() {
         assert_eq!(parse("tenant = { from = \"authorization\" }"), Ok(TenantConfig::Authorization));
-        assert_eq!(parse("tenant = { header = \"x-tenant\" }"), Ok(TenantConfig::Header("x-tenant".into())));
+        assert_eq!(
+            parse("tenant = { header = \"x-tenant\" }"),
+            Ok(TenantConfig::Header(http::HeaderName::from_static("x-tenant")))
+        );
         assert_eq!(parse("tenant = { fixed = \"d\" }"), Ok(TenantConfig::Fixed("d".into())));
         assert_eq!(parse("tenant = { basic_user = true }"), Ok(TenantConfig::BasicUser));
         let jwt = parse(
@@ -288,7 +291,7 @@ mod tests {
     fn every_kind_prints_as_it_is_written_and_reads_back_the_same() {
         let kinds = [
             TenantConfig::Authorization,
-            TenantConfig::Header("x-tenant".into()),
+            TenantConfig::Header(http::HeaderName::from_static("x-tenant")),
             TenantConfig::Fixed("d".into()),
             TenantConfig::BasicUser,
             TenantConfig::JwtClaim(JwtClaimConfig {

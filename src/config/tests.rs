@@ -207,7 +207,7 @@ fn a_webhook_route_takes_its_schemes_key_and_never_prints_its_secrets() {
     assert!(config.validate().unwrap().is_empty(), "7d covers Stripe's three days");
     let explicit = WEBHOOK_ROUTE.replace("webhook =", "key = { header = \"X-Event-Id\" }\nwebhook =");
     let config = load(&explicit, &[], &Overrides::default()).unwrap();
-    assert_eq!(config.routes[0].key_source(), KeySource::Header("x-event-id".into()));
+    assert_eq!(config.routes[0].key_source(), KeySource::Header(http::HeaderName::from_static("x-event-id")));
 }
 
 #[test]

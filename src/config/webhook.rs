@@ -32,7 +32,7 @@ pub enum KeySource {
     /// `{ header = "…" }`: `idempotency-key` (the draft's syntax, bare or
     /// quoted), or another header's raw value (one field, 1–255 printable
     /// ASCII).
-    Header(String),
+    Header(http::HeaderName),
     /// `{ json = "/pointer" }`: the string or integer at an RFC 6901
     /// pointer into the JSON body.
     Json(String),
@@ -40,7 +40,7 @@ pub enum KeySource {
 
 impl Default for KeySource {
     fn default() -> Self {
-        Self::Header(DEFAULT_KEY_HEADER.into())
+        Self::Header(http::HeaderName::from_static(DEFAULT_KEY_HEADER))
     }
 }
 
@@ -48,7 +48,7 @@ impl KeySource {
     /// `true` for the default source, whose keys are scoped by tenant only
     /// (records stored before routes had key sources stay addressable).
     pub fn is_default(&self) -> bool {
-        matches!(self, Self::Header(name) if name.eq_ignore_ascii_case(DEFAULT_KEY_HEADER))
+        matches!(self, Self::Header(name) if name.as_str() == DEFAULT_KEY_HEADER)
     }
 }
 
@@ -87,10 +87,10 @@ impl TryFrom<KeySourceFields> for KeySource {
     fn try_from(fields: KeySourceFields) -> Result<Self, KeySourceError> {
         match (fields.header, fields.json) {
             (Some(header), None) => {
-                if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                    return Err(KeySourceError::Header(header));
-                }
-                Ok(Self::Header(header.to_ascii_lowercase()))
+                // Parsed here, once: `http` keeps every name lower-cased.
+                http::HeaderName::from_bytes(header.as_bytes())
+                    .map(Self::Header)
+                    .map_err(|_| KeySourceError::Header(header))
             }
             (None, Some(pointer)) => match check_pointer(&pointer) {
                 Ok(()) => Ok(Self::Json(pointer)),
@@ -104,7 +104,7 @@ impl TryFrom<KeySourceFields> for KeySource {
 impl From<KeySource> for KeySourceFields {
     fn from(source: KeySource) -> Self {
         match source {
-            KeySource::Header(header) => Self { header: Some(header), json: None },
+            KeySource::Header(header) => Self { header: Some(header.as_str().to_owned()), json: None },
             KeySource::Json(json) => Self { header: None, json: Some(json) },
         }
     }
@@ -159,10 +159,10 @@ impl Scheme {
     /// no `key` of its own.
     pub fn default_key(self) -> KeySource {
         match self {
-            Self::StandardWebhooks => KeySource::Header("webhook-id".into()),
+            Self::StandardWebhooks => KeySource::Header(http::HeaderName::from_static("webhook-id")),
             Self::Stripe => KeySource::Json("/id".into()),
-            Self::Github => KeySource::Header("x-github-delivery".into()),
-            Self::Shopify => KeySource::Header("x-shopify-webhook-id".into()),
+            Self::Github => KeySource::Header(http::HeaderName::from_static("x-github-delivery")),
+            Self::Shopify => KeySource::Header(http::HeaderName::from_static("x-shopify-webhook-id")),
         }
     }
 
@@ -198,7 +198,7 @@ impl Scheme {
     pub fn signs_key(self, key: &KeySource) -> bool {
         match key {
             KeySource::Json(_) => true,
-            KeySource::Header(name) => self == Self::StandardWebhooks && name.eq_ignore_ascii_case("webhook-id"),
+            KeySource::Header(name) => self == Self::StandardWebhooks && name.as_str() == "webhook-id",
         }
     }
 
@@ -283,6 +283,11 @@ impl WebhookConfig {
 mod tests {
     use super::*;
 
+    #[derive(Deserialize)]
+    struct RouteKey {
+        key: KeySource,
+    }
+
     #[test]
     fn pointers_follow_rfc_6901() {
         for good in ["/id", "/data/object/id", "/a~0b", "/a~1b", "/0", "/"] {
@@ -302,6 +307,8 @@ mod tests {
             assert!(scheme.retry_window() >= Duration::from_secs(3600));
         }
         assert!(KeySource::default().is_default());
-        assert!(KeySource::Header("Idempotency-Key".into()).is_default());
+        assert!(KeySource::Header(http::HeaderName::from_static("idempotency-key")).is_default());
+        let parsed: KeySource = toml::from_str::<RouteKey>("key = { header = \"Idempotency-Key\" }").unwrap().key;
+        assert!(parsed.is_default(), "a header name is matched without regard to case");
     }
 }

@@ -47,7 +47,7 @@ use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::http::body::ResponseBody;
+use crate::http::body::BoxedBody;
 use crate::http::connection::ConnectionInfo;
 use crate::idempotency::FingerprintPolicy;
 use crate::metrics::Metrics;
@@ -193,7 +193,7 @@ impl<S: Store> Gateway<S> {
         self: &Arc<Self>,
         mut request: Request<Incoming>,
         connection: &ConnectionInfo,
-    ) -> Response<ResponseBody> {
+    ) -> Response<BoxedBody> {
         let arrival = Arrival::of(&request);
         if let Err(problem) = self.check_head(&request) {
             return self.log(None, Reply::problem(Disposition::BadHead, problem).into(), arrival);
@@ -260,7 +260,7 @@ impl<S: Store> Gateway<S> {
     }
 
     /// Counts and logs a handled request; its response goes to the client.
-    fn log(&self, route: Option<&Route>, handled: Handled, arrival: Arrival) -> Response<ResponseBody> {
+    fn log(&self, route: Option<&Route>, handled: Handled, arrival: Arrival) -> Response<BoxedBody> {
         let Handled { reply: Reply { disposition, response }, logged_key } = handled;
         match route {
             Some(route) => route.count_request(&self.metrics, disposition),

@@ -12,7 +12,7 @@ use super::problem::Problem;
 use super::reply::Reply;
 use super::routes::Route;
 use super::{Disposition, Gateway, headers, rewrite};
-use crate::http::body::{ResponseBody, boxed};
+use crate::http::body::{BoxedBody, boxed};
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::Paced;
 use crate::store::Store;
@@ -43,7 +43,7 @@ impl<S: Store> Gateway<S> {
         &self,
         route: &Route,
         parts: http::request::Parts,
-        body: ResponseBody,
+        body: BoxedBody,
         connection: &ConnectionInfo,
     ) -> Reply {
         let request = match rewrite::rewrite(route, parts, body, &connection.client, None) {

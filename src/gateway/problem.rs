@@ -12,7 +12,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use super::key::KeySource;
 use super::spelling::Ambiguity;
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::http::client::UpstreamError;
 use crate::idempotency::{KeyError, TenantError};
 use crate::store::QuotaLimit;
@@ -320,7 +320,7 @@ impl Problem {
     }
 
     /// The problem as a response.
-    pub fn to_response(&self) -> Response<ResponseBody> {
+    pub fn to_response(&self) -> Response<BoxedBody> {
         let status = self.status();
         let body = serde_json::json!({
             "type": format!("{TYPE_PREFIX}{}", self.slug()),

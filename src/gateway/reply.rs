@@ -6,19 +6,19 @@ use http::Response;
 
 use super::Disposition;
 use super::problem::Problem;
-use crate::http::body::ResponseBody;
+use crate::http::body::BoxedBody;
 
 /// A response and what became of its request.
 pub(in crate::gateway) struct Reply {
     /// The outcome the metrics and the log line name.
     pub(in crate::gateway) disposition: Disposition,
     /// What the client gets.
-    pub(in crate::gateway) response: Response<ResponseBody>,
+    pub(in crate::gateway) response: Response<BoxedBody>,
 }
 
 impl Reply {
     /// A reply with this outcome and response.
-    pub(in crate::gateway) fn new(disposition: Disposition, response: Response<ResponseBody>) -> Self {
+    pub(in crate::gateway) fn new(disposition: Disposition, response: Response<BoxedBody>) -> Self {
         Self { disposition, response }
     }
 

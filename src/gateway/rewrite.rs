@@ -8,7 +8,7 @@ use http::Request;
 use http::header::{self, HeaderName, HeaderValue};
 
 use super::routes::Route;
-use crate::http::body::ResponseBody;
+use crate::http::body::BoxedBody;
 use crate::http::client::UpstreamError;
 use crate::http::connection::ClientInfo;
 use crate::http::headers::strip_hop_by_hop;
@@ -23,10 +23,10 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 pub fn rewrite(
     route: &Route,
     mut parts: http::request::Parts,
-    body: ResponseBody,
+    body: BoxedBody,
     client: &ClientInfo,
     forwarded_key: Option<HeaderValue>,
-) -> Result<Request<ResponseBody>, UpstreamError> {
+) -> Result<Request<BoxedBody>, UpstreamError> {
     // The host the client asked for: `Host` in HTTP/1.1, `:authority` in h2.
     let client_host = parts
         .headers

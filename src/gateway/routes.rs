@@ -178,15 +178,6 @@ pub enum RouteError {
         #[source]
         source: crate::http::client::ClientError,
     },
-    /// The key source's header is not a header name.
-    #[error("route {route:?}: key.header: {source}")]
-    KeyHeader {
-        /// The route.
-        route: String,
-        /// Why.
-        #[source]
-        source: http::header::InvalidHeaderName,
-    },
     /// The webhook secrets cannot be used (a missing or empty file, say).
     #[error("route {route:?}: {source}")]
     Webhook {
@@ -220,8 +211,7 @@ impl Route {
                 .map_err(|source| RouteError::Client { route: route(), source })?;
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let methods = config.methods.iter().map(|method| method.0.clone()).collect();
-        let key = KeySource::from_config(&config.key_source())
-            .map_err(|source| RouteError::KeyHeader { route: route(), source })?;
+        let key = KeySource::from_config(&config.key_source());
         let webhook = match &config.webhook {
             Some(webhook) => Some(Arc::new(Webhook {
                 verifier: Verifier::from_config(webhook)

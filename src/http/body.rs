@@ -1,9 +1,10 @@
 //! Body types shared by the gateway's requests and responses.
 //!
-//! Everything is boxed into one [`ResponseBody`] type so that stored
+//! Everything is boxed into one [`BoxedBody`] type so that stored
 //! replays, problems, streamed upstream bodies and a response whose head
 //! was buffered but whose tail still streams can all be returned by one
-//! service.
+//! service, and so that a request forwarded upstream (streamed from its
+//! client, or read whole by the guard) has one type too.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -15,16 +16,17 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 /// The error type of boxed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The body of every response the gateway returns (and every request it forwards).
-pub type ResponseBody = BoxBody<Bytes, BoxError>;
+/// The body of every response the gateway returns and of every request it
+/// forwards (named for neither: it is both).
+pub type BoxedBody = BoxBody<Bytes, BoxError>;
 
 /// A complete body from bytes.
-pub fn full(bytes: impl Into<Bytes>) -> ResponseBody {
+pub fn full(bytes: impl Into<Bytes>) -> BoxedBody {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
 /// Boxes any body whose error converts.
-pub fn boxed<B>(body: B) -> ResponseBody
+pub fn boxed<B>(body: B) -> BoxedBody
 where
     B: Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,

@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
-use super::body::ResponseBody;
+use super::body::BoxedBody;
 
 /// Why a forward failed. Each variant says whether the request can have
 /// reached the upstream ([`UpstreamError::may_have_been_sent`]): the guard
@@ -124,7 +124,7 @@ struct Pool {
 }
 
 struct Idle {
-    sender: SendRequest<ResponseBody>,
+    sender: SendRequest<BoxedBody>,
     since: Instant,
 }
 
@@ -196,7 +196,7 @@ impl Upstream {
     /// without `Host` gets the upstream's authority.
     pub async fn send(
         &self,
-        mut request: Request<ResponseBody>,
+        mut request: Request<BoxedBody>,
         wait: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         if request.uri().authority().is_some() {
@@ -230,7 +230,7 @@ impl Upstream {
 impl Pool {
     async fn send(
         self: Arc<Self>,
-        mut request: Request<ResponseBody>,
+        mut request: Request<BoxedBody>,
         wait: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let waited_until = Instant::now() + wait;
@@ -282,7 +282,7 @@ impl Pool {
     }
 
     /// The most recently idle connection that is still open, dropping stale ones.
-    fn checkout(&self) -> Option<SendRequest<ResponseBody>> {
+    fn checkout(&self) -> Option<SendRequest<BoxedBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(entry) = idle.pop_back() {
             if entry.sender.is_ready() && entry.since.elapsed() < self.idle_timeout {
@@ -292,7 +292,7 @@ impl Pool {
         None
     }
 
-    async fn connect(&self) -> Result<SendRequest<ResponseBody>, UpstreamError> {
+    async fn connect(&self) -> Result<SendRequest<BoxedBody>, UpstreamError> {
         let connect = |source| UpstreamError::Connect { origin: self.origin.to_string(), source };
         let io = self.connector.clone().oneshot(self.origin.clone()).await.map_err(connect)?;
         let (sender, connection) = http1::handshake(io).await.map_err(|e| connect(Box::new(e)))?;
@@ -304,7 +304,7 @@ impl Pool {
         Ok(sender)
     }
 
-    fn put(&self, sender: SendRequest<ResponseBody>) {
+    fn put(&self, sender: SendRequest<BoxedBody>) {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // The oldest connections sit at the front; let the stale ones go.
         while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
@@ -342,7 +342,7 @@ fn framing<B>(response: &Response<B>) -> Result<(), &'static str> {
 /// A connection busy with one response, and its slot.
 struct Lease {
     pool: Arc<Pool>,
-    sender: SendRequest<ResponseBody>,
+    sender: SendRequest<BoxedBody>,
     slot: OwnedSemaphorePermit,
 }
 

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::accept_errors::AcceptErrors;
-use super::body::{BoxError, ResponseBody};
+use super::body::{BoxError, BoxedBody};
 use super::connection::{Activity, ClientInfo, ConnectionInfo};
 use super::request_body::BodyBudget;
 
@@ -62,7 +62,7 @@ pub async fn serve_listener<F, Fut>(
     shutdown: impl Future<Output = ()>,
 ) where
     F: Fn(hyper::Request<Incoming>, Arc<ConnectionInfo>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
+    Fut: Future<Output = hyper::Response<BoxedBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper's own limit of 100 header fields stays: raising it makes hyper
@@ -218,7 +218,7 @@ async fn serve_tls<S>(
 where
     S: hyper::service::Service<
             hyper::Request<Incoming>,
-            Response = hyper::Response<ResponseBody>,
+            Response = hyper::Response<BoxedBody>,
             Error = std::convert::Infallible,
         > + Clone
         + Send
@@ -253,7 +253,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
             hyper::Request<Incoming>,
-            Response = hyper::Response<ResponseBody>,
+            Response = hyper::Response<BoxedBody>,
             Error = std::convert::Infallible,
         > + Clone
         + Send
@@ -328,7 +328,7 @@ pub async fn serve_internal<F, Fut>(
     shutdown: impl Future<Output = ()>,
 ) where
     F: Fn(hyper::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = hyper::Response<ResponseBody>> + Send + 'static,
+    Fut: Future<Output = hyper::Response<BoxedBody>> + Send + 'static,
 {
     let handle = move |request, _: Arc<ConnectionInfo>| handle(request);
     let limits = ServerLimits::internal();

@@ -45,7 +45,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::body::{BoxError, ResponseBody, boxed};
+use super::body::{BoxError, BoxedBody, boxed};
 use super::connection::Activity;
 
 /// The most a watched body hands over at once: HTTP/2's initial window.
@@ -61,7 +61,7 @@ pub struct Settled;
 /// Marks `response` [`Settled`] when the budget can concern it: a body
 /// larger than a slice. Smaller ones are never charged, and marking them
 /// would cost every replay an allocation (a response's first extension).
-pub fn mark_settled(response: &mut Response<ResponseBody>) {
+pub fn mark_settled(response: &mut Response<BoxedBody>) {
     if response.body().size_hint().exact().is_some_and(|size| size > SLICE as u64) {
         response.extensions_mut().insert(Settled);
     }
@@ -78,7 +78,7 @@ pub struct Sending {
 
 /// Watches `body` in its connection's [`Sending`] when it is larger than
 /// a slice (or of unknown size).
-pub fn watch(activity: &Arc<Activity>, body: ResponseBody) -> ResponseBody {
+pub fn watch(activity: &Arc<Activity>, body: BoxedBody) -> BoxedBody {
     if body.size_hint().upper().is_some_and(|upper| upper <= SLICE as u64) {
         return body;
     }
@@ -105,7 +105,7 @@ impl ResponseBudget {
     /// when it is [`Settled`] and larger than a slice; `None`, the response
     /// dropped, when too little of the budget is left. Anything else passes
     /// untouched. An answer larger than the whole budget may take all of it.
-    pub fn charge(&self, response: Response<ResponseBody>) -> Option<Response<ResponseBody>> {
+    pub fn charge(&self, response: Response<BoxedBody>) -> Option<Response<BoxedBody>> {
         let size = match response.body().size_hint().exact() {
             Some(size) if size > SLICE as u64 && response.extensions().get::<Settled>().is_some() => size,
             _ => return Some(response),
@@ -118,7 +118,7 @@ impl ResponseBudget {
 
 /// A body holding its share of a [`ResponseBudget`] until it is dropped.
 struct Charged {
-    inner: ResponseBody,
+    inner: BoxedBody,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -182,7 +182,7 @@ impl Sending {
 
 /// A body handed over a slice at a time, its progress noted in [`Sending`].
 struct Watched {
-    inner: ResponseBody,
+    inner: BoxedBody,
     /// The rest of a frame larger than a slice.
     pending: Option<Bytes>,
     activity: Arc<Activity>,
@@ -270,7 +270,7 @@ mod tests {
         assert!(sending.slots.lock().unwrap().iter().all(Option::is_none), "a dropped body frees its slot");
     }
 
-    fn settled(bytes: usize) -> Response<ResponseBody> {
+    fn settled(bytes: usize) -> Response<BoxedBody> {
         let mut response = Response::new(full(vec![b'z'; bytes]));
         response.extensions_mut().insert(Settled);
         response

@@ -126,7 +126,7 @@ async fn the_same_key_from_another_tenant_is_independent_and_learns_nothing() {
 async fn a_repeated_tenant_header_is_refused_instead_of_picking_one() {
     let upstream = Upstream::start().await;
     let mut config = config(&upstream.url(), "memory://");
-    config.gateway.tenant = idemgate::config::TenantConfig::Header("x-tenant-id".into());
+    config.gateway.tenant = idemgate::config::TenantConfig::Header(http::HeaderName::from_static("x-tenant-id"));
     let gateway = TestGateway::start(config).await;
     let victim = gateway.post("/charge").header("x-tenant-id", "victim").key("k").json(CHARGE).send().await;
     assert_eq!(victim.status, 201);

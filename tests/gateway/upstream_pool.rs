@@ -53,11 +53,11 @@ async fn slow_server(delay: Duration) -> (Uri, Arc<Counts>, HttpServer) {
     (uri, counts, server)
 }
 
-fn get(uri: &Uri, path: &str) -> Request<idemgate::http::body::ResponseBody> {
+fn get(uri: &Uri, path: &str) -> Request<idemgate::http::body::BoxedBody> {
     Request::get(format!("{uri}{}", path.trim_start_matches('/'))).body(full(Bytes::new())).unwrap()
 }
 
-async fn status_and_body(upstream: &Upstream, request: Request<idemgate::http::body::ResponseBody>) -> (u16, Bytes) {
+async fn status_and_body(upstream: &Upstream, request: Request<idemgate::http::body::BoxedBody>) -> (u16, Bytes) {
     let response = upstream.send(request, Duration::from_secs(10)).await.expect("upstream answers");
     let status = response.status().as_u16();
     (status, response.into_body().collect().await.unwrap().to_bytes())

@@ -23,7 +23,7 @@ use crate::gateway::reply::Reply;
 use crate::gateway::rewrite::rewrite;
 use crate::gateway::routes::Route;
 use crate::gateway::{Disposition, Gateway};
-use crate::http::body::{Prefixed, ResponseBody, boxed, full};
+use crate::http::body::{BoxedBody, Prefixed, boxed, full};
 use crate::http::client::{UpstreamBody, UpstreamError};
 use crate::http::connection::ClientInfo;
 use crate::http::head::detach_headers;
@@ -154,7 +154,7 @@ impl<S: Store> Attempt<S> {
 
     /// Sends the request and reads the body up to the cap; the caller
     /// bounds how long that may take.
-    async fn forward(&self, request: Request<ResponseBody>) -> Forward {
+    async fn forward(&self, request: Request<BoxedBody>) -> Forward {
         let policy = &self.gateway.policy;
         let cap = policy.max_stored_response;
         let mut status = None;
@@ -245,7 +245,7 @@ impl<S: Store> Attempt<S> {
     }
 
     /// Fail-open forwarding: no record, so the client's own wait bounds it.
-    async fn forward_unguarded(&self, request: Request<ResponseBody>) -> Forward {
+    async fn forward_unguarded(&self, request: Request<BoxedBody>) -> Forward {
         let timeout = self.gateway.policy.upstream_timeout;
         match tokio::time::timeout(timeout, self.forward(request)).await {
             Ok(forward) => forward,
@@ -391,7 +391,7 @@ fn answer(reply: &mut Option<oneshot::Sender<Reply>>, disposition: Disposition, 
 }
 
 /// The client's response: the buffered head and prefix, then any unread rest.
-fn respond(buffered: Buffered) -> Response<ResponseBody> {
+fn respond(buffered: Buffered) -> Response<BoxedBody> {
     let body = match buffered.rest {
         Some(rest) => boxed(Prefixed::new(buffered.prefix, rest)),
         None => full(buffered.prefix),

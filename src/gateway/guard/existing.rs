@@ -15,7 +15,7 @@ use crate::gateway::problem::Problem;
 use crate::gateway::reply::Reply;
 use crate::gateway::routes::Route;
 use crate::gateway::{Disposition, Gateway};
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::http::sending::mark_settled;
 use crate::idempotency::{Fingerprint, Record, ScopedKey, StoredResponse, decide};
 use crate::store::Store;
@@ -75,7 +75,7 @@ impl<S: Store> Existing<'_, S> {
 }
 
 /// A stored response, sent again with `Idempotent-Replayed: true`.
-fn replay(stored: &StoredResponse) -> Response<ResponseBody> {
+fn replay(stored: &StoredResponse) -> Response<BoxedBody> {
     let mut response = Response::new(full(stored.body.clone()));
     *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let headers = response.headers_mut();

@@ -50,7 +50,7 @@ use super::problem::Problem;
 use super::reply::{Handled, Reply};
 use super::routes::{Delivery, Route};
 use super::{Disposition, Gateway};
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::http::connection::ConnectionInfo;
 use crate::http::request_body::{BodyError, linger, read_whole};
 use crate::idempotency::{Fence, Fingerprint, IdempotencyKey, ScopedKey, TenantError};
@@ -228,7 +228,7 @@ fn count_verified<S: Store>(gateway: &Gateway<S>, route: &Route, outcome: Dispos
 /// An oversized HTTP/1 upload is drained in the background and its
 /// connection closed after the `413`, so the client reads the `413` instead
 /// of a reset.
-fn refuse_body(error: BodyError, body: Incoming, version: Version) -> Response<ResponseBody> {
+fn refuse_body(error: BodyError, body: Incoming, version: Version) -> Response<BoxedBody> {
     match error {
         BodyError::TooLarge(limit) => {
             let mut response = Problem::BodyTooLarge { limit }.to_response();

@@ -18,7 +18,7 @@ mod header;
 mod json;
 
 use http::HeaderMap;
-use http::header::{HeaderName, InvalidHeaderName};
+use http::header::HeaderName;
 
 use crate::config;
 use crate::idempotency::{IdempotencyKey, KeyError};
@@ -36,12 +36,12 @@ pub enum KeySource {
 
 impl KeySource {
     /// Compiles a validated key source.
-    pub fn from_config(config: &config::KeySource) -> Result<Self, InvalidHeaderName> {
-        Ok(match config {
+    pub fn from_config(config: &config::KeySource) -> Self {
+        match config {
             source if source.is_default() => Self::IdempotencyKey,
-            config::KeySource::Header(name) => Self::Header(HeaderName::from_bytes(name.as_bytes())?),
+            config::KeySource::Header(name) => Self::Header(name.clone()),
             config::KeySource::Json(pointer) => Self::Json(json::Pointer::new(pointer)),
-        })
+        }
     }
 
     /// `true` when the key is in the body, which must be read first.

@@ -28,7 +28,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use super::super::claim::Claimed;
 use crate::config::{DestinationConfig, ServiceUrl};
-use crate::http::body::{ResponseBody, full};
+use crate::http::body::{BoxedBody, full};
 use crate::idempotency::key::IDEMPOTENCY_KEY;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -190,7 +190,7 @@ impl Target {
     /// `Idempotency-Key`.
     /// A message header that [`reserved_header`] names, or that is not a
     /// valid header, refuses the whole message.
-    pub fn request(&self, message: &Claimed) -> Result<Request<ResponseBody>, RequestError> {
+    pub fn request(&self, message: &Claimed) -> Result<Request<BoxedBody>, RequestError> {
         let mut headers = self.headers.clone();
         for (name, value) in &message.headers {
             if let Some(why) = reserved_header(name) {
