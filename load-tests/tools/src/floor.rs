@@ -117,19 +117,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let listener = listener(settings.listen).map_err(|e| format!("listen on {}: {e}", settings.listen))?;
-    let serve = async {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let _ = stream.set_nodelay(true);
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), hyper::service::service_fn(answer))
-                    .await;
-            });
-        }
-    };
-    let _ = tokio::time::timeout(settings.lifetime, serve).await;
+    crate::serve_listener(listener, settings.lifetime, answer).await;
     Ok(())
 }
 

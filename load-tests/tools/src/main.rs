@@ -134,6 +134,21 @@ where
 {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("bind {listen}: {e}"))?;
     println!("{{\"listening\":\"{}\"}}", listener.local_addr().map_err(|e| e.to_string())?);
+    serve_listener(listener, lifetime, answer).await;
+    Ok(())
+}
+
+/// Serves HTTP/1.1 connections from `listener`, each a task of its own on
+/// the current runtime, one `answer` call per request, until `lifetime` has
+/// passed. The one accept loop of every server of the harness.
+pub async fn serve_listener<F, Fut, B>(listener: tokio::net::TcpListener, lifetime: std::time::Duration, answer: F)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let serve = async {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
@@ -148,7 +163,6 @@ where
         }
     };
     let _ = tokio::time::timeout(lifetime, serve).await;
-    Ok(())
 }
 
 pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
