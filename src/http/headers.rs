@@ -8,22 +8,10 @@
 use http::HeaderMap;
 use http::header::{self, HeaderName};
 
-/// The hop-by-hop header names (without those a `Connection` header names).
-pub static HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-];
-
-/// Whether `name` is one of [`HOP_BY_HOP`]. A match on the name's text:
-/// for the few names of a message this is a length test and at most one
-/// comparison each, where `HOP_BY_HOP.contains` compares every name nine times.
+/// Whether `name` is a hop-by-hop header (the module's list; not those a
+/// `Connection` header names). A match on the name's text: for the few
+/// names of a message this is a length test and at most one comparison
+/// each, where a list of names compares every name nine times.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
@@ -56,7 +44,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     let options = headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(','));
     for option in options.map(str::trim) {
-        // `keep-alive` is in HOP_BY_HOP: found above if the message has it.
+        // `keep-alive` is hop-by-hop itself: found above if the message has it.
         // Parsing it, or `close`, as a header name on every message would
         // cost more than the rest of this function.
         if option.eq_ignore_ascii_case("keep-alive") {
@@ -77,6 +65,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    /// RFC 9110 §7.6.1's hop-by-hop names, as `http` spells them.
+    static HOP_BY_HOP: [HeaderName; 9] = [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ];
 
     #[test]
     fn hop_by_hop_headers_and_those_connection_names_are_removed() {
