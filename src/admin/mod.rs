@@ -56,7 +56,7 @@ use crate::gateway::{Disposition, Gateway};
 use crate::http::body::{BoxedBody, full};
 use crate::idempotency::hash::to_hex;
 use crate::idempotency::{IdempotencyKey, Record, ScopedKey};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use router::{GatewayRoutes, Route};
 use surface::Surface;
 
@@ -158,7 +158,7 @@ impl<S: Store> Admin<S> {
         let store = self.gateway.store();
         let limit = self.gateway.store_timeout();
         if purge {
-            return match tokio::time::timeout(limit, store.purge(&scoped)).await.unwrap_or(Err(StoreError::Timeout)) {
+            return match crate::store::bounded(limit, store.purge(&scoped)).await {
                 Ok(true) => {
                     tracing::info!(key = scoped.log_id().as_str(), "admin purged a record");
                     Response::builder()
@@ -170,7 +170,7 @@ impl<S: Store> Admin<S> {
                 Err(_) => Problem::StoreUnavailable.to_response(),
             };
         }
-        match tokio::time::timeout(limit, store.get(&scoped)).await.unwrap_or(Err(StoreError::Timeout)) {
+        match crate::store::bounded(limit, store.get(&scoped)).await {
             Ok(Some(record)) => json(StatusCode::OK, describe(&scoped, &record)),
             Ok(None) => Problem::NotFound.to_response(),
             Err(_) => Problem::StoreUnavailable.to_response(),

@@ -36,8 +36,6 @@ pub struct Policy {
     pub wait_timeout: Duration,
     /// Key forwarded upstream.
     pub forward_key: ForwardKey,
-    /// The one limit on a store operation, end to end (see `docs/stores.md`).
-    pub store_timeout: Duration,
     /// Response headers never stored.
     pub response_header_deny: Vec<HeaderName>,
     /// Longest request target accepted.
@@ -60,7 +58,6 @@ impl From<&GatewayConfig> for Policy {
             concurrent: g.concurrent,
             wait_timeout: g.wait_timeout.0,
             forward_key: g.forward_key,
-            store_timeout: g.store_timeout.0,
             response_header_deny: g.response_header_deny.iter().map(|name| name.0.clone()).collect(),
             max_uri_bytes: g.max_uri_bytes.0,
             max_header_bytes: g.max_header_bytes.0,

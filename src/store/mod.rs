@@ -57,6 +57,17 @@ use crate::config::{StoreKind, TenantQuota};
 use crate::idempotency::{Completion, Fence, Fingerprint, Record, ScopedKey};
 use sealing::Sealer;
 
+/// Runs one store operation within `limit`; one that does not finish in
+/// time is [`StoreError::Timeout`]. The stores do not time their own
+/// operations: each caller bounds each one once, end to end, with this
+/// (`gateway.store_timeout`; see `docs/stores.md`, "Timeouts").
+pub async fn bounded<T>(
+    limit: Duration,
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, operation).await.unwrap_or(Err(StoreError::Timeout))
+}
+
 /// The result of [`Store::try_begin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begin {

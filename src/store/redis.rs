@@ -160,7 +160,7 @@ impl RedisStore {
         // a failed attempt also starts the connection's own reconnect. No
         // caller bounds this call, so `timeout=` does: a frozen server
         // must not hold up the start.
-        let ping = tokio::time::timeout(timeout, store.ping()).await.unwrap_or(Err(StoreError::Timeout));
+        let ping = super::bounded(timeout, store.ping()).await;
         if let Err(e) = ping {
             let url = crate::config::ServiceUrl::new(url).redacted();
             tracing::warn!(store = %url, error = %e, "redis store not ready at start; trying again with each operation");

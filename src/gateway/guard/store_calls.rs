@@ -58,8 +58,9 @@ impl StoreCalls {
         Self { timeout, metrics, series: StoreSeries::default() }
     }
 
-    /// The same calls for a sibling gateway (one per core), with series of
-    /// its own so that cores do not share a cache line per request.
+    /// The same calls for a sibling gateway (one per core), with its own
+    /// cache of the series' handles; the series themselves are the
+    /// process's, shared by every core.
     pub(in crate::gateway) fn sibling(&self) -> Self {
         Self::new(self.timeout, self.metrics.clone())
     }
@@ -86,7 +87,7 @@ impl StoreCalls {
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
-        let result = tokio::time::timeout(limit, operation).await.unwrap_or(Err(StoreError::Timeout));
+        let result = crate::store::bounded(limit, operation).await;
         let series = &self.series;
         let latency = series.latency.get(op as usize, || self.metrics.store_latency.with_label_values(&[op.as_str()]));
         latency.observe(started.elapsed().as_secs_f64());

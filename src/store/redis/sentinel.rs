@@ -86,7 +86,8 @@ impl SentinelConnection {
                     .set_client_to_sentinel_certificates(certificates);
             }
         }
-        // No response timeout: the store bounds every call once, itself.
+        // No response timeout: the caller bounds every store operation
+        // once, end to end (`gateway.store_timeout`, `store::bounded`).
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
         let shared = Shared {
             sentinels: tokio::sync::Mutex::new(builder.build()?),
