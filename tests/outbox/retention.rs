@@ -53,17 +53,27 @@ async fn relay_sessions_never_sort_so_a_claim_reads_only_the_rows_it_takes() {
     assert_eq!(setting, "on", "only the relay's sessions");
 }
 
-/// Until `pid`'s backend, running `statement`, waits for a lock or is idle again (the statement over).
-async fn blocked_or_done(fx: &Fixture, pid: i32, statement: &str) {
+/// When `pid`'s backend started its current (or last) statement.
+async fn query_start(fx: &Fixture, pid: i32) -> Option<String> {
+    let probe = fx.schema.connect().await;
+    let sql = "SELECT query_start::text FROM pg_stat_activity WHERE pid = $1";
+    probe.query_opt(sql, &[&pid]).await.unwrap().and_then(|row| row.get(0))
+}
+
+/// Until `pid`'s backend, running `statement` (one started after `previous`,
+/// its last statement's `query_start`, when given), waits for a lock or is
+/// idle again (the statement over).
+async fn blocked_or_done(fx: &Fixture, pid: i32, statement: &str, previous: Option<String>) {
     let probe = fx.schema.connect().await;
     for _ in 0..500 {
-        let sql = "SELECT wait_event_type, state, query FROM pg_stat_activity WHERE pid = $1";
+        let sql = "SELECT wait_event_type, state, query, query_start::text FROM pg_stat_activity WHERE pid = $1";
         let Some(row) = probe.query_opt(sql, &[&pid]).await.unwrap() else { return };
-        let (wait, state, query): (Option<String>, Option<String>, Option<String>) =
-            (row.get(0), row.get(1), row.get(2));
+        let (wait, state, query, start): (Option<String>, Option<String>, Option<String>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         // Until the backend has taken `statement`, its idle state is its
-        // previous statement's (a spawned call may not have started yet).
-        let started = query.is_some_and(|query| query.contains(statement));
+        // previous statement's (a spawned call may not have started yet),
+        // which may be the same statement once more: `previous` tells them apart.
+        let started = query.is_some_and(|query| query.contains(statement)) && (previous.is_none() || start != previous);
         if started && (wait.as_deref() == Some("Lock") || state.as_deref() != Some("active")) {
             return;
         }
@@ -120,9 +130,11 @@ async fn retention_never_waits_for_an_ordering_key_an_enqueuer_holds() {
     let retention_pid: i32 = retention.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let sql = fx.schema.sql("SELECT idemgate.maintain_history(interval '7 days')");
     let job = tokio::spawn(async move { retention.batch_execute(&sql).await });
-    blocked_or_done(&fx, retention_pid, "maintain_history").await;
+    blocked_or_done(&fx, retention_pid, "maintain_history", None).await;
+    // The enqueuer's last statement was an enqueue too (k1's): wait for the next.
+    let previous = query_start(&fx, enqueuer_pid).await;
     go_on.send(()).unwrap();
-    blocked_or_done(&fx, enqueuer_pid, "enqueue").await;
+    blocked_or_done(&fx, enqueuer_pid, "enqueue", previous).await;
     holder.commit().await.unwrap();
     job.await.unwrap().expect("retention runs");
     service.await.unwrap().expect("the service's transaction commits: no deadlock");
