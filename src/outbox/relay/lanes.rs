@@ -13,7 +13,9 @@
 //!   is also the most rows of a destination that a relay which crashes
 //!   leaves to their leases (and so publishes twice);
 //! - an equal share of `max_in_flight_bytes`: payload bytes held from the
-//!   claim until the publish is over and the payload dropped.
+//!   claim until the publish is over (a delivered row's payload is dropped
+//!   then; a failed one's bytes are held until its retry or burial is
+//!   recorded).
 //!
 //! It claims whenever something may be due and it has room, up to
 //! `batch_size` rows and `max_batch_bytes`, never more than it has places
@@ -34,10 +36,10 @@
 //! (group commit: the busier the lane, the bigger the batch, with no
 //! timer), while the lane goes on claiming and publishing.
 //!
-//! What the loop repeats — one claim, a publish task per row, the recorder
-//! — is the claim step of [`step`]; [`Relay::try_execute_step`] takes that
-//! same step once per lane and waits for it to settle, which is how the
-//! tests drive the relay.
+//! What the loop repeats — one claim and a publish task per row, recorded
+//! by the lane's recorder (started once per lane) — is the claim step of
+//! [`step`]; [`Relay::try_execute_step`] takes that same step once per lane
+//! and waits for it to settle, which is how the tests drive the relay.
 //!
 //! Order and fencing are the claim's, unchanged: a row of an ordering key
 //! is claimable only once no earlier row of its key is left in the outbox
@@ -268,8 +270,10 @@ impl<P: Publisher> Relay<P> {
             lingering_since = None;
             match tasks.claim(limits).await {
                 // Full: more may be due at once. Otherwise wait for a reason to look again.
-                Ok(claimed) if claimed >= limits.rows as usize => errors.succeeded(name),
-                Ok(_) => {
+                // The places were not free after all: plan again.
+                Ok(None) => continue,
+                Ok(Some(claimed)) if claimed >= limits.rows as usize => errors.succeeded(name),
+                Ok(Some(_)) => {
                     errors.succeeded(name);
                     idle(&lane.wake, &stop, Instant::now() + poll).await;
                 }

@@ -54,11 +54,13 @@ impl<P: Publisher> LaneTasks<P> {
     }
 
     /// The step: claims within `limits` (from [`plan`]) and starts a
-    /// publish for each row claimed. Returns how many rows that was.
-    pub(super) async fn claim(&mut self, limits: Limits) -> Result<usize, OutboxError> {
+    /// publish for each row claimed. Returns how many rows that was, or
+    /// `None` when the places `limits` asks for were not free (nothing was
+    /// claimed, and nothing asked of the database).
+    pub(super) async fn claim(&mut self, limits: Limits) -> Result<Option<usize>, OutboxError> {
         let lane = &self.lane;
         // Only the lane's own loop claims, so what `plan` saw free is still free.
-        let Ok(mut places) = lane.unsettled.clone().try_acquire_many_owned(limits.rows) else { return Ok(0) };
+        let Ok(mut places) = lane.unsettled.clone().try_acquire_many_owned(limits.rows) else { return Ok(None) };
         let inner = &self.relay.inner;
         let claimed = claim::claim_within(&inner.db, &lane.destination, limits, inner.settings.lease).await?;
         let count = claimed.len();
@@ -72,7 +74,7 @@ impl<P: Publisher> LaneTasks<P> {
             let delivery = self.relay.clone().deliver(lane.clone(), row, place, bytes, self.delivered.clone());
             self.publishes.spawn(delivery);
         }
-        Ok(count)
+        Ok(Some(count))
     }
 
     /// Counts the publishes that have ended.
@@ -123,7 +125,7 @@ impl<P: Publisher> Relay<P> {
             // A new lane has all its room: its plan is a whole claim.
             let claimed = match plan(&settings, lane.room()) {
                 Plan::Claim(limits) | Plan::Linger(limits) => tasks.claim(limits).await,
-                Plan::Wait => Ok(0),
+                Plan::Wait => Ok(None),
             };
             if let Err(e) = claimed {
                 failed.get_or_insert(e);
