@@ -153,9 +153,9 @@ impl TryFrom<TenantFields> for TenantConfig {
             }
             Self::Authorization
         } else if let Some(header) = fields.header.take() {
-            match http::HeaderName::from_bytes(header.as_bytes()) {
-                Ok(name) => Self::Header(name),
-                Err(_) => return Err(TenantConfigError::Header(header)),
+            match super::ConfigHeaderName::try_from(header) {
+                Ok(name) => Self::Header(name.0),
+                Err(bad) => return Err(TenantConfigError::Header(bad.0)),
             }
         } else if let Some(fixed) = fields.fixed.take() {
             Self::Fixed(fixed)

@@ -88,9 +88,9 @@ impl TryFrom<KeySourceFields> for KeySource {
         match (fields.header, fields.json) {
             (Some(header), None) => {
                 // Parsed here, once: `http` keeps every name lower-cased.
-                http::HeaderName::from_bytes(header.as_bytes())
-                    .map(Self::Header)
-                    .map_err(|_| KeySourceError::Header(header))
+                super::ConfigHeaderName::try_from(header)
+                    .map(|name| Self::Header(name.0))
+                    .map_err(|bad| KeySourceError::Header(bad.0))
             }
             (None, Some(pointer)) => match check_pointer(&pointer) {
                 Ok(()) => Ok(Self::Json(pointer)),

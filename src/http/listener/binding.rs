@@ -36,13 +36,16 @@ pub struct SharedListeners {
 /// A process's claim on an address it listens on with `SO_REUSEPORT`
 /// ([`bind_shared`]); released when dropped.
 #[derive(Debug)]
-pub struct Claim(#[allow(dead_code)] Option<std::os::unix::net::UnixDatagram>);
+pub struct Claim {
+    /// Held, never read: the claim lasts as long as the socket.
+    _socket: Option<std::os::unix::net::UnixDatagram>,
+}
 
 impl SharedListeners {
     /// One listener bound without `SO_REUSEPORT`: the kernel keeps its
     /// address for it alone, no claim needed.
     pub fn one(listener: TcpListener) -> Self {
-        Self { listeners: vec![listener], claim: Claim(None) }
+        Self { listeners: vec![listener], claim: Claim { _socket: None } }
     }
 
     /// The address they share.
@@ -75,7 +78,7 @@ pub async fn bind_shared(address: SocketAddr, count: usize) -> Result<SharedList
     for _ in 1..count.max(1) {
         listeners.push(reuse_port(at).map_err(|source| BindError { address: at, source })?);
     }
-    Ok(SharedListeners { listeners, claim: Claim(claim) })
+    Ok(SharedListeners { listeners, claim: Claim { _socket: claim } })
 }
 
 /// Claims `address` for this process (see [`bind_shared`]); `None` where
