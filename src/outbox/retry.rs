@@ -95,11 +95,16 @@ impl Delivery {
     }
 }
 
+/// Whether a destination's HTTP status means it took the message: any 2xx.
+pub fn is_delivered(status: u16) -> bool {
+    (200..=299).contains(&status)
+}
+
 /// What an HTTP response with `status` came to: `retry_after` and
 /// `reason` count only for a failure.
 pub fn classify_status(status: u16, retry_after: Option<Duration>, reason: String) -> Delivery {
     match status {
-        200..=299 => Delivery::Delivered,
+        _ if is_delivered(status) => Delivery::Delivered,
         409 | 429 | 500..=599 => Delivery::Retry { retry_after, reason },
         _ => Delivery::Reject { reason },
     }

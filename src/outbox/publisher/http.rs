@@ -37,7 +37,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::super::claim::Claimed;
-use super::super::retry::{classify_status, parse_retry_after};
+use super::super::retry::{classify_status, is_delivered, parse_retry_after};
 use super::target::TargetError;
 use super::{Delivery, Destination, MAX_ERROR_BODY, Target};
 use crate::config::{DEFAULT_MAX_CONNECTIONS, DEFAULT_POOL_IDLE_TIMEOUT, DestinationConfig, Scrubber};
@@ -89,7 +89,7 @@ impl HttpDestination {
         let header = |name| response.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
         let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(v, header(DATE)));
         // A success's body is only drained; a failure's first bytes are its reason.
-        let delivered = response.status().is_success();
+        let delivered = is_delivered(status);
         let keep = if delivered { 0 } else { MAX_ERROR_BODY };
         let (kept, ending) = read_body(response.into_body(), keep, deadline).await;
         if delivered {
