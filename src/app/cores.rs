@@ -27,7 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::StartError;
-use crate::config::Config;
+use crate::config::{Config, ServiceUrl};
 use crate::gateway::{Gateway, server};
 use crate::http::listener::ServerLimits;
 use crate::store::AnyStore;
@@ -36,7 +36,8 @@ use crate::store::AnyStore;
 struct Core {
     listener: std::net::TcpListener,
     base: Arc<Gateway<AnyStore>>,
-    config: Config,
+    /// The store's URL, for a Redis store's connection of this core.
+    store_url: ServiceUrl,
     limits: ServerLimits,
     slots: Arc<Semaphore>,
     tls: Option<TlsAcceptor>,
@@ -69,7 +70,7 @@ pub(super) async fn serve(
         let core = Core {
             listener: listener.into_std().map_err(|e| StartError::Core(format!("listener: {e}")))?,
             base: base.clone(),
-            config: config.clone(),
+            store_url: config.store.clone(),
             limits: limits.clone(),
             slots: slots.clone(),
             tls: tls.clone(),
@@ -126,10 +127,9 @@ fn run(core: Core, ended: mpsc::UnboundedSender<Result<(), StartError>>) {
 
 async fn serve_core(core: Core) -> Result<(), StartError> {
     let listener = TcpListener::from_std(core.listener).map_err(|e| StartError::Core(format!("listener: {e}")))?;
-    let store = match core.base.store().share() {
-        Some(shared) => shared,
-        None => super::open_store(&core.config).await?,
-    };
+    let url = &core.store_url;
+    let store = core.base.store().sibling(url.expose()).await;
+    let store = store.map_err(|source| StartError::Store { url: url.redacted(), source })?;
     let gateway = Arc::new(core.base.sibling(store));
     server::serve(listener, gateway, core.limits, core.slots, core.tls, core.stop.cancelled_owned()).await;
     Ok(())

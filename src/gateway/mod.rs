@@ -111,8 +111,11 @@ impl<S: Store> Gateway<S> {
     /// (`crate::app::cores`): its own `store` (its own connections), upstream
     /// pools and attempt tracker; this one's routes, policy, tenant source,
     /// metrics, recent outcomes and upstream connection limits (a route's
-    /// `max_connections` counts for the process). Nothing is read or
-    /// checked again: no key, CA or secrets file per core.
+    /// `max_connections` counts for the process). Nothing of the gateway's
+    /// is read or checked again: no route CA, webhook secrets or tenant key
+    /// file per core. (The store is the caller's: `AnyStore::sibling` keeps
+    /// the sealing keys; a Redis URL's `ca_file` is read by each core's
+    /// connection.)
     pub fn sibling(&self, store: S) -> Self {
         Self {
             store,

@@ -231,14 +231,15 @@ impl AnyStore {
     }
 
     /// The same store for another gateway of this process (one per core,
-    /// `crate::app::cores`): the memory store and the Postgres pool are
-    /// shared; a Redis store is not (`None`), so that each core opens its
-    /// own connection, driven by the core that uses it.
-    pub fn share(&self) -> Option<Self> {
+    /// `crate::app::cores`), `url` being the one it was opened with: the
+    /// memory store and the Postgres pool are shared; a Redis store gets a
+    /// connection of its own, driven by the core that uses it, with this
+    /// one's sealing keys and quota ([`redis::RedisStore::sibling`]).
+    pub async fn sibling(&self, url: &str) -> Result<Self, StoreError> {
         match self {
-            Self::Memory(s) => Some(Self::Memory(s.clone())),
-            Self::Postgres(s) => Some(Self::Postgres(s.clone())),
-            Self::Redis(_) => None,
+            Self::Memory(s) => Ok(Self::Memory(s.clone())),
+            Self::Postgres(s) => Ok(Self::Postgres(s.clone())),
+            Self::Redis(s) => Ok(Self::Redis(Box::new(s.sibling(url).await?))),
         }
     }
 

@@ -69,6 +69,11 @@ impl RecordCodec {
         self
     }
 
+    /// The keys it seals with, if any.
+    pub(super) fn sealer(&self) -> Option<Arc<Sealer>> {
+        self.sealer.clone()
+    }
+
     /// A corruption error that names this backend's records.
     pub(super) fn corrupt(&self, what: &str) -> StoreError {
         StoreError::Corrupt(format!("{}: {what}", self.source))

@@ -177,6 +177,14 @@ impl RedisStore {
         self
     }
 
+    /// Another store on the same Redis with a connection of its own (one
+    /// per core, driven by the core that uses it), sealing with this one's
+    /// keys and keeping its quota: the key file is not read again, so every
+    /// core seals alike.
+    pub async fn sibling(&self, url: &str) -> Result<Self, StoreError> {
+        Ok(Self::open(url).await?.sealed(self.codec.sealer()).with_quota(self.quota))
+    }
+
     /// Seals stored responses with these keys from now on.
     pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> Self {
         self.codec = self.codec.sealed(sealer);
