@@ -2,19 +2,24 @@
 //! to its upstreams with it, the outbox relay publishes to destinations.
 //!
 //! Each [`Upstream`] talks to one origin (scheme, host, port) over at most
-//! `max_connections` HTTP/1.1 keep-alive connections: a request takes a
-//! connection slot, reuses the most recently idle connection or dials a new
-//! one, and gives the slot back once the response body has been read to
-//! its end. Requests beyond the limit wait for a slot within their upstream
-//! timeout. A pooled connection the upstream closed while it sat idle is
-//! detected when the request could not be written: hyper hands the request
-//! back unsent, and it goes out on a fresh connection. A request that may
-//! have reached the upstream is never sent twice.
+//! `max_connections` HTTP/1.1 keep-alive connections open at once, idle or
+//! busy, counted for all its [siblings](Upstream::sibling) together (the
+//! per-core gateways of one process). A request reuses the most recently
+//! idle connection of its own pool; finding none, it dials a new one while
+//! the limit allows, and at the limit it takes a sibling's idle connection,
+//! or else waits, within its upstream timeout, for a connection to come
+//! back or close. A connection goes back to the pool that dialled it once
+//! its response body has been read to the end. A pooled connection the
+//! upstream closed while it sat idle is detected when the request could not
+//! be written: hyper hands the request back unsent, and it goes out on
+//! another connection. A request that may have reached the upstream is
+//! never sent twice.
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,7 +33,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use super::body::BoxedBody;
@@ -114,17 +119,36 @@ struct Pool {
     origin: Uri,
     /// The `Host` a request gets when it has none.
     host: HeaderValue,
-    /// Connection slots: a request holds one from checkout until its
-    /// connection is idle again, so open connections never exceed the limit.
-    slots: Arc<Semaphore>,
+    /// What this pool shares with its siblings: the limit, and each other.
+    shared: Arc<Shared>,
     /// Idle connections, most recently used last.
     idle: Mutex<VecDeque<Idle>>,
     /// How long an idle connection is kept.
     idle_timeout: Duration,
 }
 
-struct Idle {
+/// The connections of one upstream for a pool and all its siblings.
+struct Shared {
+    /// One permit per open connection, idle or busy, whichever pool holds
+    /// it: `max_connections` of them.
+    slots: Arc<Semaphore>,
+    /// Every sibling pool, so that at the limit a request can take one's
+    /// idle connection instead of waiting.
+    pools: Mutex<Vec<Weak<Pool>>>,
+    /// Requests waiting at the limit; a connection coming back to any pool
+    /// wakes one (looked at only when it is not zero).
+    waiting: AtomicUsize,
+    returned: Notify,
+}
+
+/// An open connection and the slot it holds.
+struct Connection {
     sender: SendRequest<BoxedBody>,
+    slot: OwnedSemaphorePermit,
+}
+
+struct Idle {
+    connection: Connection,
     since: Instant,
 }
 
@@ -154,33 +178,33 @@ impl Upstream {
         let invalid = |e: &dyn std::fmt::Display| ClientError::InvalidOrigin(format!("{origin}: {e}"));
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
         let origin = origin_uri(scheme.clone(), authority.clone()).map_err(|e| invalid(&e))?;
-        let pool = Pool {
-            connector,
-            origin,
-            host,
+        let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS))),
-            idle: Mutex::new(VecDeque::new()),
-            idle_timeout,
-        };
-        Ok(Self { pool: Arc::new(pool) })
+            pools: Mutex::new(Vec::new()),
+            waiting: AtomicUsize::new(0),
+            returned: Notify::new(),
+        });
+        let pool = Pool { connector, origin, host, shared, idle: Mutex::new(VecDeque::new()), idle_timeout };
+        Ok(Self { pool: Shared::join(pool) })
     }
 
-    /// A client with a pool of its own (its idle connections are driven by
-    /// the runtime that dials them) that shares this one's connector, TLS
-    /// settings and connection slots: one `max_connections` for both. The
+    /// A client with a pool of its own (its connections are driven by the
+    /// runtime that dials them) that shares this one's connector, TLS
+    /// settings and connection limit: one `max_connections` for both, and
+    /// at the limit each may use the other's idle connections. The
     /// per-core gateways of one process each take one (a clone, by
     /// contrast, shares the pool itself).
     pub fn sibling(&self) -> Upstream {
-        let pool = &self.pool;
+        let Pool { connector, origin, host, shared, idle_timeout, .. } = &*self.pool;
         let pool = Pool {
-            connector: pool.connector.clone(),
-            origin: pool.origin.clone(),
-            host: pool.host.clone(),
-            slots: pool.slots.clone(),
+            connector: connector.clone(),
+            origin: origin.clone(),
+            host: host.clone(),
+            shared: shared.clone(),
             idle: Mutex::new(VecDeque::new()),
-            idle_timeout: pool.idle_timeout,
+            idle_timeout: *idle_timeout,
         };
-        Self { pool: Arc::new(pool) }
+        Self { pool: Shared::join(pool) }
     }
 
     /// The `Host` a request to this upstream gets unless it brings its own.
@@ -214,9 +238,11 @@ impl Upstream {
     /// whether the upstream can be reached at all, and saves the first
     /// request the dial.
     pub async fn probe(&self, wait: Duration) -> Result<(), UpstreamError> {
+        // At the limit there are open connections already: nothing to learn.
+        let Ok(slot) = self.pool.shared.slots.clone().try_acquire_owned() else { return Ok(()) };
         match tokio::time::timeout(wait, self.pool.connect()).await {
             Ok(connected) => {
-                self.pool.put(connected?);
+                self.pool.put(Connection { sender: connected?, slot });
                 Ok(())
             }
             Err(_) => Err(UpstreamError::Connect {
@@ -233,20 +259,22 @@ impl Pool {
         mut request: Request<BoxedBody>,
         wait: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let waited_until = Instant::now() + wait;
-        let slot = tokio::time::timeout_at(waited_until.into(), self.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| UpstreamError::NoConnection(wait))?
-            .expect("the slot semaphore is never closed");
+        let waited_until = tokio::time::Instant::now() + wait;
         loop {
-            let (mut sender, pooled) = match self.checkout() {
-                Some(sender) => (sender, true),
-                // Boxed: connecting is rare, and its future (DNS, TCP, TLS)
-                // would otherwise size every request's future, and with it
-                // every connection's in-flight slot in hyper.
-                None => match tokio::time::timeout_at(waited_until.into(), Box::pin(self.connect())).await {
-                    Ok(connected) => (connected?, false),
-                    Err(_) => return Err(UpstreamError::NoConnection(wait)),
+            let (home, Connection { mut sender, slot }, pooled) = match self.checkout() {
+                Some(connection) => (self.clone(), connection, true),
+                None => match self.shared.slots.clone().try_acquire_owned() {
+                    Ok(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
+                    Err(_) => match self.shared.take_idle() {
+                        Some((home, connection)) => (home, connection, true),
+                        None => match self.shared.wait(waited_until).await {
+                            Some(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
+                            None if tokio::time::Instant::now() >= waited_until => {
+                                return Err(UpstreamError::NoConnection(wait));
+                            }
+                            None => continue,
+                        },
+                    },
                 },
             };
             match sender.try_send_request(request).await {
@@ -254,7 +282,7 @@ impl Pool {
                     // The connection goes with the response: after a
                     // malformed head, what follows on it is anyone's guess.
                     framing(&response).map_err(UpstreamError::Malformed)?;
-                    let lease = Lease { pool: self, sender, slot };
+                    let lease = Lease { home, connection: Connection { sender, slot } };
                     // The head's values still share the connection's read
                     // buffer: a caller that holds the head (the guard, across
                     // its store call) detaches them (`head::detach_headers`);
@@ -281,12 +309,28 @@ impl Pool {
         }
     }
 
-    /// The most recently idle connection that is still open, dropping stale ones.
-    fn checkout(&self) -> Option<SendRequest<BoxedBody>> {
+    /// Dials a connection for `slot` within the wait. Boxed: connecting is
+    /// rare, and its future (DNS, TCP, TLS) would otherwise size every
+    /// request's future, and with it every connection's in-flight slot in hyper.
+    async fn dial(
+        &self,
+        slot: OwnedSemaphorePermit,
+        waited_until: tokio::time::Instant,
+        wait: Duration,
+    ) -> Result<Connection, UpstreamError> {
+        match tokio::time::timeout_at(waited_until, Box::pin(self.connect())).await {
+            Ok(connected) => Ok(Connection { sender: connected?, slot }),
+            Err(_) => Err(UpstreamError::NoConnection(wait)),
+        }
+    }
+
+    /// The most recently idle connection that is still open, dropping stale
+    /// ones (which frees their slots).
+    fn checkout(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(entry) = idle.pop_back() {
-            if entry.sender.is_ready() && entry.since.elapsed() < self.idle_timeout {
-                return Some(entry.sender);
+            if entry.connection.sender.is_ready() && entry.since.elapsed() < self.idle_timeout {
+                return Some(entry.connection);
             }
         }
         None
@@ -304,13 +348,69 @@ impl Pool {
         Ok(sender)
     }
 
-    fn put(&self, sender: SendRequest<BoxedBody>) {
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The oldest connections sit at the front; let the stale ones go.
-        while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
-            idle.pop_front();
+    fn has_idle(&self) -> bool {
+        !self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    }
+
+    fn put(&self, connection: Connection) {
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The oldest connections sit at the front; let the stale ones go.
+            while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
+                idle.pop_front();
+            }
+            idle.push_back(Idle { connection, since: Instant::now() });
         }
-        idle.push_back(Idle { sender, since: Instant::now() });
+        if self.shared.waiting.load(Ordering::SeqCst) > 0 {
+            self.shared.returned.notify_one();
+        }
+    }
+}
+
+impl Shared {
+    /// Registers a new pool among its siblings.
+    fn join(pool: Pool) -> Arc<Pool> {
+        let pool = Arc::new(pool);
+        let mut pools = pool.shared.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pools.retain(|sibling| sibling.strong_count() > 0);
+        pools.push(Arc::downgrade(&pool));
+        drop(pools);
+        pool
+    }
+
+    /// An idle connection of any pool, with the pool it goes back to. Only
+    /// at the limit: below it a pool dials its own, so that its connections
+    /// are driven by its own runtime.
+    fn take_idle(&self) -> Option<(Arc<Pool>, Connection)> {
+        self.pools().into_iter().find_map(|pool| pool.checkout().map(|connection| (pool, connection)))
+    }
+
+    /// The sibling pools still in use (this one among them).
+    fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Waits at the limit until a connection comes back to a pool (`None`:
+    /// look again) or one closes (its slot), or until `waited_until`.
+    async fn wait(&self, waited_until: tokio::time::Instant) -> Option<OwnedSemaphorePermit> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let returned = self.returned.notified();
+        tokio::pin!(returned);
+        returned.as_mut().enable();
+        // A connection that came back between the last look and `enable`
+        // did not see this waiter: look once more before sleeping.
+        let looked_again = self.pools().iter().any(|pool| pool.has_idle());
+        let slot = if looked_again {
+            None
+        } else {
+            tokio::select! {
+                () = returned => None,
+                slot = self.slots.clone().acquire_owned() => slot.ok(),
+                () = tokio::time::sleep_until(waited_until) => None,
+            }
+        };
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        slot
     }
 }
 
@@ -339,29 +439,26 @@ fn framing<B>(response: &Response<B>) -> Result<(), &'static str> {
     }
 }
 
-/// A connection busy with one response, and its slot.
+/// A connection busy with one response, and the pool it goes back to.
 struct Lease {
-    pool: Arc<Pool>,
-    sender: SendRequest<BoxedBody>,
-    slot: OwnedSemaphorePermit,
+    home: Arc<Pool>,
+    connection: Connection,
 }
 
 impl Lease {
-    /// Returns the connection to the pool once its response has been read
-    /// to the end (at once when it already has; a connection that closes
-    /// instead is dropped), and only then frees the slot.
+    /// Returns the connection to its pool once its response has been read
+    /// to the end (at once when it already has); a connection that closes
+    /// instead is dropped, and its slot with it.
     fn release(self) {
-        let Self { pool, mut sender, slot } = self;
-        if sender.is_ready() {
-            pool.put(sender);
-            drop(slot);
+        let Self { home, mut connection } = self;
+        if connection.sender.is_ready() {
+            home.put(connection);
             return;
         }
         tokio::spawn(async move {
-            if sender.ready().await.is_ok() {
-                pool.put(sender);
+            if connection.sender.ready().await.is_ok() {
+                home.put(connection);
             }
-            drop(slot);
         });
     }
 }

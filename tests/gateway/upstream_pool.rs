@@ -86,6 +86,41 @@ async fn no_more_connections_than_the_limit_and_the_excess_requests_wait_for_one
     assert_eq!(counts.connections.load(Ordering::SeqCst), 2);
 }
 
+/// Sibling pools (one per core) share one limit on open connections, idle
+/// or busy: at the limit a pool uses a sibling's idle connection instead of
+/// dialling another, and waits for one to come back when all are busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sibling_pools_share_one_limit_on_open_connections() {
+    let (uri, counts, _server) = slow_server(Duration::from_millis(100)).await;
+    let first = Upstream::new(&uri, None, 2, DEFAULT_POOL_IDLE_TIMEOUT).unwrap();
+    let second = first.sibling();
+    let both = |upstream: &Upstream, n: usize| {
+        (0..n)
+            .map(|i| {
+                let upstream = upstream.clone();
+                let request = get(&uri, &format!("/r{i}"));
+                tokio::spawn(async move { status_and_body(&upstream, request).await.0 })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Two connections, now idle in the first pool.
+    assert_eq!(futures_join(both(&first, 2).into_iter()).await, [200, 200]);
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 2);
+    // The second pool is at the limit from its first request: it takes the
+    // first pool's idle connections rather than open a third.
+    for _ in 0..3 {
+        assert_eq!(status_and_body(&second, get(&uri, "/idle")).await.0, 200);
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 2, "the limit counts idle connections of every pool");
+    // Both busy in the first pool: the second pool's requests wait for them.
+    let busy = both(&first, 2);
+    let waiting = both(&second, 2);
+    assert_eq!(futures_join(busy.into_iter().chain(waiting)).await, [200, 200, 200, 200]);
+    assert_eq!(counts.requests.load(Ordering::SeqCst), 9, "every request reached the upstream once");
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 2, "never a third connection");
+    assert_eq!(counts.most_in_flight.load(Ordering::SeqCst), 2);
+}
+
 async fn futures_join<T: Send + 'static>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::new();
     for task in tasks.collect::<Vec<_>>() {
