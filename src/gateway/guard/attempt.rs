@@ -98,10 +98,13 @@ impl<S: Store> Attempt<S> {
             ForwardKey::Original => None,
             ForwardKey::Derived => HeaderValue::from_str(&self.scoped.to_hex()).ok(),
         };
+        // The forward and the settle are boxed, each only for as long as it
+        // runs: inline, this future (spawned boxed, one per request in
+        // flight) held room for both, and for the forward twice: 8,304
+        // bytes, against 2,568 now plus the one running (2,096 or 1,272).
         let forward = match rewrite(&self.route, parts, full(body.bytes.clone()), &self.client, forwarded_key) {
             Ok(request) => {
-                let forward = self.forward(request);
-                tokio::pin!(forward);
+                let mut forward = Box::pin(self.forward(request));
                 let waited = self.renewing(&mut lease, tokio::time::timeout(policy.upstream_timeout, &mut forward));
                 match waited.await {
                     Ok(forward) => forward,
@@ -127,7 +130,7 @@ impl<S: Store> Attempt<S> {
         drop(body);
         let Conclusion { settle, stored, reply: mut conclusion } = self.conclude(forward);
         let kept = stored.is_some();
-        if self.settle(&mut lease, begun_at, settle, stored).await && kept {
+        if Box::pin(self.settle(&mut lease, begun_at, settle, stored)).await && kept {
             // The record holds this answer: a retry replays it.
             mark_settled(&mut conclusion.response);
         }
