@@ -39,6 +39,9 @@ def main(doc):
     parser.add_argument("store", nargs="?", default="memory", choices=("memory", "redis"))
     parser.add_argument("--floor", action="store_true",
                         help="count the floor (lt floor-proxy, per core) instead of idemgate, on the same requests")
+    parser.add_argument("--correct", action="store_true",
+                        help="with --floor: the correct floor (lt floor-proxy --correct yes: timeouts, hop-by-hop "
+                             "headers removed both ways, the upstream's Host)")
     args = parser.parse_args()
     missing = [tool for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "wrk", "nginx")
                if not shutil.which(tool)]
@@ -57,7 +60,8 @@ def main(doc):
         counted = [args.binary, "serve", "--config", str(conf)]
         if args.floor:
             counted = [str(shared.LT), "floor-proxy", "--listen", f"127.0.0.1:{port}", "--upstream",
-                       f"127.0.0.1:{upstream}", "--runtime", "per-core", "--lifetime-ms", "600000"]
+                       f"127.0.0.1:{upstream}", "--runtime", "per-core", "--lifetime-ms", "600000",
+                       "--correct", "yes" if args.correct else "no"]
         gateway = procs.start("gateway", ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                                           f"--callgrind-out-file={out}", *counted])
         wait_for_port(port, gateway, seconds=60)
@@ -72,7 +76,7 @@ def main(doc):
         total = next(int(line.split()[0].replace(",", "")) for line in annotated.splitlines()
                      if "PROGRAM TOTALS" in line)
         requests = measured["requests"]
-        subject = "floor" if args.floor else f"{args.mode}, {args.store}"
+        subject = ("correct floor" if args.correct else "floor") if args.floor else f"{args.mode}, {args.store}"
         print(f"{subject}: {total // requests} Ir per request ({requests} requests, "
               f"{measured['status_errors']} not 2xx; {out})")
     finally:

@@ -47,6 +47,8 @@ pub struct Settings {
     pub model: Model,
     pub threads: usize,
     pub lifetime: Duration,
+    /// How long a client has for each request head (none: unbounded).
+    pub header_read_timeout: Option<Duration>,
 }
 
 impl Settings {
@@ -59,7 +61,7 @@ impl Settings {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let threads = args.num("threads", cores)?.clamp(1, 256) as usize;
         let lifetime = Duration::from_millis(args.num("lifetime-ms", 15 * 60 * 1000)?);
-        Ok(Self { listen: args.loopback("listen")?, model, threads, lifetime })
+        Ok(Self { listen: args.loopback("listen")?, model, threads, lifetime, header_read_timeout: None })
     }
 }
 
@@ -117,7 +119,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let listener = listener(settings.listen).map_err(|e| format!("listen on {}: {e}", settings.listen))?;
-    crate::serve_listener(listener, settings.lifetime, answer).await;
+    crate::serve_listener(listener, settings.lifetime, settings.header_read_timeout, answer).await;
     Ok(())
 }
 

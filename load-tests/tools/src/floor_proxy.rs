@@ -14,17 +14,30 @@
 //! read to its end or dropped (`Pooled`), so the next request finds it idle
 //! rather than queueing behind a body still in flight.
 //!
+//! `--correct yes` makes it the *correct floor*: the least a reverse proxy
+//! must add to be correct and safe in front of an API, and the floor leaves
+//! out. Each request head must arrive within 10 s (slowloris), the upstream
+//! must answer within 30 s, hop-by-hop headers (`Connection` and the names
+//! it lists, `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`,
+//! `Transfer-Encoding`, `Upgrade`) are removed both ways (RFC 9110 §7.6.1),
+//! and the request's `Host` is the upstream's. It measures what part of
+//! the floor-to-idemgate gap is the price of a correct proxy on this stack
+//! (`load-tests/callgrind --floor --correct`).
+//!
 //! Flags: `--listen 127.0.0.1:PORT`, `--upstream 127.0.0.1:PORT`,
 //! `--runtime per-core|work-stealing` (default per-core), `--threads N`
-//! (default: the available cores), `--lifetime-ms N` (default 15 minutes).
+//! (default: the available cores), `--lifetime-ms N` (default 15 minutes),
+//! `--correct yes|no` (default no).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -37,13 +50,78 @@ use crate::floor::{Settings, serve};
 /// Idle connections kept per pool; more than wrk's 32 connections need.
 const MAX_IDLE: usize = 256;
 
+/// What the correct floor gives a client for a request head, and the upstream for its answer.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub fn main(args: &Args) -> Result<(), String> {
-    let settings = Settings::from_args(args)?;
+    let mut settings = Settings::from_args(args)?;
     let upstream = args.loopback("upstream")?;
+    let correct = match args.str("correct", "no").as_str() {
+        "yes" => Some(HeaderValue::from_str(&upstream.to_string()).map_err(|e| e.to_string())?),
+        "no" => None,
+        other => return Err(format!("--correct: {other:?} is neither yes nor no")),
+    };
+    if correct.is_some() {
+        settings.header_read_timeout = Some(HEADER_READ_TIMEOUT);
+    }
     serve(&settings, || {
         let pool = Arc::new(Pool { upstream, idle: Mutex::new(Vec::new()) });
-        move |request| forward(pool.clone(), request)
+        let correct = correct.clone();
+        move |request| {
+            let pool = pool.clone();
+            let correct = correct.clone();
+            async move {
+                match correct {
+                    None => forward(pool, request).await,
+                    Some(host) => forward_correctly(pool, request, host).await,
+                }
+            }
+        }
     })
+}
+
+/// The correct floor's forward: the same, with the head cleaned both ways,
+/// the upstream's `Host`, and the upstream's answer bounded in time.
+async fn forward_correctly(
+    pool: Arc<Pool>,
+    mut request: Request<Incoming>,
+    host: HeaderValue,
+) -> Result<Answer, Infallible> {
+    strip_hop_by_hop(request.headers_mut());
+    request.headers_mut().insert(header::HOST, host);
+    match tokio::time::timeout(UPSTREAM_TIMEOUT, forward(pool, request)).await {
+        Ok(Ok(mut response)) => {
+            strip_hop_by_hop(response.headers_mut());
+            Ok(response)
+        }
+        Ok(Err(never)) => match never {},
+        Err(_) => Ok(bad_gateway()),
+    }
+}
+
+/// Removes the hop-by-hop headers, the names `Connection` lists and the
+/// fixed ones, in one pass over the names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let mut hop: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        for token in value.to_str().unwrap_or("").split(',').map(str::trim) {
+            if !token.is_empty() && !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive") {
+                hop.extend(HeaderName::from_bytes(token.as_bytes()).ok());
+            }
+        }
+    }
+    hop.extend(headers.keys().filter(|name| is_hop_by_hop(name.as_str())).cloned());
+    for name in hop {
+        headers.remove(name);
+    }
+}
+
+fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection" | "keep-alive" | "proxy-connection" | "te" | "trailer" | "transfer-encoding" | "upgrade"
+    )
 }
 
 /// One runtime's keep-alive connections to the upstream. The mutex is never

@@ -15,7 +15,8 @@
 //! - `sink`: the outbox relay's destination (P7, P8): answers at once and
 //!   records each delivery's key and arrival time.
 //! - `floor-proxy`: the *floor*, a minimal hyper reverse proxy (per core or
-//!   work-stealing) that P1 is measured against.
+//!   work-stealing) that P1 is measured against; `--correct yes` adds what
+//!   every correct proxy does and the floor leaves out (see its module).
 //! - `floor-answer`: the *replay floor*, the same server answering a fixed
 //!   `201` (P4, P11).
 //! - `webhook`: a closed-loop generator of Stripe-signed webhook
@@ -134,31 +135,39 @@ where
 {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("bind {listen}: {e}"))?;
     println!("{{\"listening\":\"{}\"}}", listener.local_addr().map_err(|e| e.to_string())?);
-    serve_listener(listener, lifetime, answer).await;
+    serve_listener(listener, lifetime, None, answer).await;
     Ok(())
 }
 
 /// Serves HTTP/1.1 connections from `listener`, each a task of its own on
 /// the current runtime, one `answer` call per request, until `lifetime` has
-/// passed. The one accept loop of every server of the harness.
-pub async fn serve_listener<F, Fut, B>(listener: tokio::net::TcpListener, lifetime: std::time::Duration, answer: F)
-where
+/// passed; with `header_read_timeout`, a client gets that long for each
+/// request head. The one accept loop of every server of the harness.
+pub async fn serve_listener<F, Fut, B>(
+    listener: tokio::net::TcpListener,
+    lifetime: std::time::Duration,
+    header_read_timeout: Option<std::time::Duration>,
+    answer: F,
+) where
     F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    if let Some(timeout) = header_read_timeout {
+        builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
+    }
     let serve = async {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
             let _ = stream.set_nodelay(true);
             let answer = answer.clone();
+            let builder = builder.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(answer);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
             });
         }
     };
