@@ -33,7 +33,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tower::ServiceExt;
 
 use super::body::BoxedBody;
@@ -135,10 +135,26 @@ struct Shared {
     /// Every sibling pool, so that at the limit a request can take one's
     /// idle connection instead of waiting.
     pools: Mutex<Vec<Weak<Pool>>>,
-    /// Requests waiting at the limit; a connection coming back to any pool
-    /// wakes one (looked at only when it is not zero).
+    /// Requests waiting at the limit, oldest first: a connection coming
+    /// back to any pool is handed to the first still waiting, so they are
+    /// served in the order they came, as a fair semaphore would.
+    waiters: Mutex<VecDeque<oneshot::Sender<Handover>>>,
+    /// How many `waiters` holds (some may have given up): a connection
+    /// coming back looks at the queue only when it is not zero.
     waiting: AtomicUsize,
-    returned: Notify,
+}
+
+/// A connection handed to a waiting request, and the pool it goes back to.
+type Handover = (Arc<Pool>, Connection);
+
+/// What a wait at the limit ended with.
+enum Waited {
+    /// A connection another request gave back, and the pool it belongs to.
+    Handed(Arc<Pool>, Connection),
+    /// A connection closed: its slot, to dial another.
+    Slot(OwnedSemaphorePermit),
+    /// Neither, yet: look again (or the wait is over).
+    Nothing,
 }
 
 /// An open connection and the slot it holds.
@@ -181,8 +197,8 @@ impl Upstream {
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS))),
             pools: Mutex::new(Vec::new()),
+            waiters: Mutex::new(VecDeque::new()),
             waiting: AtomicUsize::new(0),
-            returned: Notify::new(),
         });
         let pool = Pool { connector, origin, host, shared, idle: Mutex::new(VecDeque::new()), idle_timeout };
         Ok(Self { pool: Shared::join(pool) })
@@ -268,11 +284,12 @@ impl Pool {
                     Err(_) => match self.shared.take_idle() {
                         Some((home, connection)) => (home, connection, true),
                         None => match self.shared.wait(waited_until).await {
-                            Some(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
-                            None if tokio::time::Instant::now() >= waited_until => {
+                            Waited::Handed(home, connection) => (home, connection, true),
+                            Waited::Slot(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
+                            Waited::Nothing if tokio::time::Instant::now() >= waited_until => {
                                 return Err(UpstreamError::NoConnection(wait));
                             }
-                            None => continue,
+                            Waited::Nothing => continue,
                         },
                     },
                 },
@@ -348,22 +365,24 @@ impl Pool {
         Ok(sender)
     }
 
-    fn has_idle(&self) -> bool {
-        !self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    /// Keeps a connection idle here, or hands it to the oldest request
+    /// waiting at the limit.
+    fn put(self: &Arc<Self>, connection: Connection) {
+        self.keep(connection);
+        // A waiter queued before this load is seen here; one queued after
+        // it looks at the idle connections itself once queued.
+        if self.shared.waiting.load(Ordering::SeqCst) > 0 {
+            self.shared.hand_over(self);
+        }
     }
 
-    fn put(&self, connection: Connection) {
-        {
-            let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // The oldest connections sit at the front; let the stale ones go.
-            while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
-                idle.pop_front();
-            }
-            idle.push_back(Idle { connection, since: Instant::now() });
+    fn keep(&self, connection: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The oldest connections sit at the front; let the stale ones go.
+        while idle.front().is_some_and(|entry| entry.since.elapsed() >= self.idle_timeout) {
+            idle.pop_front();
         }
-        if self.shared.waiting.load(Ordering::SeqCst) > 0 {
-            self.shared.returned.notify_one();
-        }
+        idle.push_back(Idle { connection, since: Instant::now() });
     }
 }
 
@@ -390,27 +409,53 @@ impl Shared {
         self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Waits at the limit until a connection comes back to a pool (`None`:
-    /// look again) or one closes (its slot), or until `waited_until`.
-    async fn wait(&self, waited_until: tokio::time::Instant) -> Option<OwnedSemaphorePermit> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let returned = self.returned.notified();
-        tokio::pin!(returned);
-        returned.as_mut().enable();
-        // A connection that came back between the last look and `enable`
-        // did not see this waiter: look once more before sleeping.
-        let looked_again = self.pools().iter().any(|pool| pool.has_idle());
-        let slot = if looked_again {
-            None
-        } else {
-            tokio::select! {
-                () = returned => None,
-                slot = self.slots.clone().acquire_owned() => slot.ok(),
-                () = tokio::time::sleep_until(waited_until) => None,
+    /// Hands one of `pool`'s idle connections to the oldest request still
+    /// waiting, if there are both.
+    fn hand_over(&self, pool: &Arc<Pool>) {
+        loop {
+            let waiter = {
+                let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let waiter = waiters.pop_front();
+                self.waiting.store(waiters.len(), Ordering::SeqCst);
+                waiter
+            };
+            let Some(waiter) = waiter else { return };
+            let Some(connection) = pool.checkout() else {
+                // Taken meanwhile: the waiter keeps its place.
+                let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                waiters.push_front(waiter);
+                self.waiting.store(waiters.len(), Ordering::SeqCst);
+                return;
+            };
+            match waiter.send((pool.clone(), connection)) {
+                Ok(()) => return,
+                // That request stopped waiting: the next one may still be.
+                Err((_, connection)) => pool.keep(connection),
             }
-        };
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        slot
+        }
+    }
+
+    /// Waits at the limit, in line behind the requests already waiting,
+    /// until a connection is handed over or one closes (its slot), or until
+    /// `waited_until`.
+    async fn wait(&self, waited_until: tokio::time::Instant) -> Waited {
+        let (handed, receive) = oneshot::channel();
+        {
+            let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            waiters.retain(|waiter| !waiter.is_closed());
+            waiters.push_back(handed);
+            self.waiting.store(waiters.len(), Ordering::SeqCst);
+        }
+        // A connection kept idle just before this request joined the line
+        // was handed to nobody: look once more now that it is in line.
+        if let Some((home, connection)) = self.take_idle() {
+            return Waited::Handed(home, connection);
+        }
+        tokio::select! {
+            handed = receive => handed.map_or(Waited::Nothing, |(home, connection)| Waited::Handed(home, connection)),
+            slot = self.slots.clone().acquire_owned() => slot.map_or(Waited::Nothing, Waited::Slot),
+            () = tokio::time::sleep_until(waited_until) => Waited::Nothing,
+        }
     }
 }
 
