@@ -24,7 +24,6 @@
 //! parser, and an HTTP/1.1 connection keeps one 8 KiB read buffer, not 16.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,9 +69,8 @@ pub async fn serve_listener<F, Fut>(
     // allocate its header index for every request instead of keeping it inline.
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(limits.max_streams_per_connection);
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-    let builders = Arc::new(Builders { http1, http2: builder.clone().http2_only(), builder });
+    let builders =
+        Arc::new(Builders { http1: builder.clone().http1_only(), http2: builder.clone().http2_only(), builder });
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
     let mut accept_errors = AcceptErrors::default();
@@ -167,28 +165,19 @@ enum Speaks {
 /// The HTTP/2 connection preface (RFC 9113, section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// One builder per protocol, and the auto-detecting one. HTTP/1.1 is served
-/// by hyper's own builder: `auto`'s, even told the protocol, wraps every
-/// read of the connection (`Rewind`) and every poll of it.
+/// One builder per protocol, and the auto-detecting one.
 struct Builders {
     builder: auto::Builder<TokioExecutor>,
-    http1: hyper::server::conn::http1::Builder,
+    http1: auto::Builder<TokioExecutor>,
     http2: auto::Builder<TokioExecutor>,
 }
 
-/// The builder a connection gets.
-#[derive(Clone, Copy)]
-enum Pick<'a> {
-    Http1(&'a hyper::server::conn::http1::Builder),
-    Auto(&'a auto::Builder<TokioExecutor>),
-}
-
 impl Builders {
-    fn pick(&self, speaks: Speaks) -> Pick<'_> {
+    fn pick(&self, speaks: Speaks) -> &auto::Builder<TokioExecutor> {
         match speaks {
-            Speaks::Http1 => Pick::Http1(&self.http1),
-            Speaks::Http2 => Pick::Auto(&self.http2),
-            Speaks::Unknown => Pick::Auto(&self.builder),
+            Speaks::Http1 => &self.http1,
+            Speaks::Http2 => &self.http2,
+            Speaks::Unknown => &self.builder,
         }
     }
 }
@@ -253,7 +242,7 @@ where
 /// Serves one connection until it ends, closing it gracefully once it has
 /// been idle too long or the listener shuts down.
 async fn serve_connection<I, S>(
-    builder: Pick<'_>,
+    builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
     activity: &Arc<Activity>,
@@ -272,46 +261,8 @@ where
     S::Future: Send + 'static,
 {
     // hyper's bare answers to heads it cannot parse become problems.
-    let io = TokioIo::new(super::refusal::Refusals::new(io, activity.clone()));
-    match builder {
-        Pick::Http1(builder) => {
-            let connection = builder.serve_connection(io, service);
-            drive(
-                connection,
-                Ends { shut_down: |c| c.graceful_shutdown(), error: |e| Box::new(e) },
-                activity,
-                limits,
-                closing,
-            )
-            .await
-        }
-        Pick::Auto(builder) => {
-            let connection = builder.serve_connection(io, service);
-            drive(connection, Ends { shut_down: |c| c.graceful_shutdown(), error: |e| e }, activity, limits, closing)
-                .await
-        }
-    }
-}
-
-/// How [`drive`] asks a connection of either builder to close gracefully,
-/// and reads its error.
-struct Ends<C, E> {
-    shut_down: fn(Pin<&mut C>),
-    error: fn(E) -> BoxError,
-}
-
-/// Runs a connection until it ends, closing it gracefully once it has been
-/// idle too long or the listener shuts down.
-async fn drive<C, E>(
-    connection: C,
-    ends: Ends<C, E>,
-    activity: &Arc<Activity>,
-    limits: &ServerLimits,
-    closing: &CancellationToken,
-) -> Result<(), BoxError>
-where
-    C: Future<Output = Result<(), E>>,
-{
+    let io = super::refusal::Refusals::new(io, activity.clone());
+    let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let idle = activity.idle_for_too_long(limits.header_read_timeout, limits.idle_timeout);
     tokio::pin!(idle);
@@ -326,7 +277,7 @@ where
     let mut closing_down = false;
     loop {
         tokio::select! {
-            served = connection.as_mut() => return served.map_err(ends.error),
+            served = connection.as_mut() => return served,
             // Records are settled before they are answered: dropping the
             // connection frees its responses and unsettles nothing.
             () = &mut stalled => {
@@ -334,12 +285,12 @@ where
             }
             () = &mut idle, if !closing_down => {
                 closing_down = true;
-                (ends.shut_down)(connection.as_mut());
+                connection.as_mut().graceful_shutdown();
                 overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
             }
             () = closing.cancelled(), if !closing_down => {
                 closing_down = true;
-                (ends.shut_down)(connection.as_mut());
+                connection.as_mut().graceful_shutdown();
                 overdue.as_mut().reset(tokio::time::Instant::now() + drop_after);
             }
             () = &mut overdue, if closing_down => {
