@@ -18,8 +18,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -33,10 +32,13 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::OwnedSemaphorePermit;
 use tower::ServiceExt;
 
 use super::body::BoxedBody;
+
+mod limit;
+use limit::{Acquired, Shared};
 
 /// Why a forward failed. Each variant says whether the request can have
 /// reached the upstream ([`UpstreamError::may_have_been_sent`]): the guard
@@ -127,36 +129,6 @@ struct Pool {
     idle_timeout: Duration,
 }
 
-/// The connections of one upstream for a pool and all its siblings.
-struct Shared {
-    /// One permit per open connection, idle or busy, whichever pool holds
-    /// it: `max_connections` of them.
-    slots: Arc<Semaphore>,
-    /// Every sibling pool, so that at the limit a request can take one's
-    /// idle connection instead of waiting.
-    pools: Mutex<Vec<Weak<Pool>>>,
-    /// Requests waiting at the limit, oldest first: a connection coming
-    /// back to any pool is handed to the first still waiting, so they are
-    /// served in the order they came, as a fair semaphore would.
-    waiters: Mutex<VecDeque<oneshot::Sender<Handover>>>,
-    /// How many `waiters` holds (some may have given up): a connection
-    /// coming back looks at the queue only when it is not zero.
-    waiting: AtomicUsize,
-}
-
-/// A connection handed to a waiting request, and the pool it goes back to.
-type Handover = (Arc<Pool>, Connection);
-
-/// What a wait at the limit ended with.
-enum Waited {
-    /// A connection another request gave back, and the pool it belongs to.
-    Handed(Arc<Pool>, Connection),
-    /// A connection closed: its slot, to dial another.
-    Slot(OwnedSemaphorePermit),
-    /// Neither, yet: look again (or the wait is over).
-    Nothing,
-}
-
 /// An open connection and the slot it holds.
 struct Connection {
     sender: SendRequest<BoxedBody>,
@@ -194,12 +166,7 @@ impl Upstream {
         let invalid = |e: &dyn std::fmt::Display| ClientError::InvalidOrigin(format!("{origin}: {e}"));
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e))?;
         let origin = origin_uri(scheme.clone(), authority.clone()).map_err(|e| invalid(&e))?;
-        let shared = Arc::new(Shared {
-            slots: Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS))),
-            pools: Mutex::new(Vec::new()),
-            waiters: Mutex::new(VecDeque::new()),
-            waiting: AtomicUsize::new(0),
-        });
+        let shared = Shared::new(max_connections);
         let pool = Pool { connector, origin, host, shared, idle: Mutex::new(VecDeque::new()), idle_timeout };
         Ok(Self { pool: Shared::join(pool) })
     }
@@ -255,7 +222,7 @@ impl Upstream {
     /// request the dial.
     pub async fn probe(&self, wait: Duration) -> Result<(), UpstreamError> {
         // At the limit there are open connections already: nothing to learn.
-        let Ok(slot) = self.pool.shared.slots.clone().try_acquire_owned() else { return Ok(()) };
+        let Some(slot) = self.pool.shared.free_slot() else { return Ok(()) };
         match tokio::time::timeout(wait, self.pool.connect()).await {
             Ok(connected) => {
                 self.pool.put(Connection { sender: connected?, slot });
@@ -277,23 +244,8 @@ impl Pool {
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let waited_until = tokio::time::Instant::now() + wait;
         loop {
-            let (home, Connection { mut sender, slot }, pooled) = match self.checkout() {
-                Some(connection) => (self.clone(), connection, true),
-                None => match self.shared.slots.clone().try_acquire_owned() {
-                    Ok(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
-                    Err(_) => match self.shared.take_idle() {
-                        Some((home, connection)) => (home, connection, true),
-                        None => match self.shared.wait(waited_until).await {
-                            Waited::Handed(home, connection) => (home, connection, true),
-                            Waited::Slot(slot) => (self.clone(), self.dial(slot, waited_until, wait).await?, false),
-                            Waited::Nothing if tokio::time::Instant::now() >= waited_until => {
-                                return Err(UpstreamError::NoConnection(wait));
-                            }
-                            Waited::Nothing => continue,
-                        },
-                    },
-                },
-            };
+            let Acquired { home, connection: Connection { mut sender, slot }, pooled } =
+                self.acquire(waited_until, wait).await?;
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     // The connection goes with the response: after a
@@ -369,11 +321,7 @@ impl Pool {
     /// waiting at the limit.
     fn put(self: &Arc<Self>, connection: Connection) {
         self.keep(connection);
-        // A waiter queued before this load is seen here; one queued after
-        // it looks at the idle connections itself once queued.
-        if self.shared.waiting.load(Ordering::SeqCst) > 0 {
-            self.shared.hand_over(self);
-        }
+        self.shared.hand_over(self);
     }
 
     fn keep(&self, connection: Connection) {
@@ -383,79 +331,6 @@ impl Pool {
             idle.pop_front();
         }
         idle.push_back(Idle { connection, since: Instant::now() });
-    }
-}
-
-impl Shared {
-    /// Registers a new pool among its siblings.
-    fn join(pool: Pool) -> Arc<Pool> {
-        let pool = Arc::new(pool);
-        let mut pools = pool.shared.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        pools.retain(|sibling| sibling.strong_count() > 0);
-        pools.push(Arc::downgrade(&pool));
-        drop(pools);
-        pool
-    }
-
-    /// An idle connection of any pool, with the pool it goes back to. Only
-    /// at the limit: below it a pool dials its own, so that its connections
-    /// are driven by its own runtime.
-    fn take_idle(&self) -> Option<(Arc<Pool>, Connection)> {
-        self.pools().into_iter().find_map(|pool| pool.checkout().map(|connection| (pool, connection)))
-    }
-
-    /// The sibling pools still in use (this one among them).
-    fn pools(&self) -> Vec<Arc<Pool>> {
-        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// Hands one of `pool`'s idle connections to the oldest request still
-    /// waiting, if there are both.
-    fn hand_over(&self, pool: &Arc<Pool>) {
-        loop {
-            let waiter = {
-                let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let waiter = waiters.pop_front();
-                self.waiting.store(waiters.len(), Ordering::SeqCst);
-                waiter
-            };
-            let Some(waiter) = waiter else { return };
-            let Some(connection) = pool.checkout() else {
-                // Taken meanwhile: the waiter keeps its place.
-                let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                waiters.push_front(waiter);
-                self.waiting.store(waiters.len(), Ordering::SeqCst);
-                return;
-            };
-            match waiter.send((pool.clone(), connection)) {
-                Ok(()) => return,
-                // That request stopped waiting: the next one may still be.
-                Err((_, connection)) => pool.keep(connection),
-            }
-        }
-    }
-
-    /// Waits at the limit, in line behind the requests already waiting,
-    /// until a connection is handed over or one closes (its slot), or until
-    /// `waited_until`.
-    async fn wait(&self, waited_until: tokio::time::Instant) -> Waited {
-        let (handed, receive) = oneshot::channel();
-        {
-            let mut waiters = self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            waiters.retain(|waiter| !waiter.is_closed());
-            waiters.push_back(handed);
-            self.waiting.store(waiters.len(), Ordering::SeqCst);
-        }
-        // A connection kept idle just before this request joined the line
-        // was handed to nobody: look once more now that it is in line.
-        if let Some((home, connection)) = self.take_idle() {
-            return Waited::Handed(home, connection);
-        }
-        tokio::select! {
-            handed = receive => handed.map_or(Waited::Nothing, |(home, connection)| Waited::Handed(home, connection)),
-            slot = self.slots.clone().acquire_owned() => slot.map_or(Waited::Nothing, Waited::Slot),
-            () = tokio::time::sleep_until(waited_until) => Waited::Nothing,
-        }
     }
 }
 
